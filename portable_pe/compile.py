@@ -1,0 +1,246 @@
+"""The compile pipeline, read top to bottom like DESIGN.md's diagram.
+
+    load -> export -> simplify -> import -> build -> reference -> bundle
+
+Each stage is one function on a shared CompileState; with keep_intermediates each stage
+dumps what it produced, so a user can see where a number went wrong.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import platform
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import onnx
+
+from . import __version__
+from .artifact import Bundle, write_bundle
+from .export import export_onnx, get_metadata
+from .graphs import GRAPHS, GraphSpec, load_graph
+from .parity import DEFAULT_LENGTHS, make_inputs, onnxruntime_runner, torch_reference, usable_lengths
+from .targets import TargetSpec, load_target
+
+
+@dataclass
+class CompileState:
+    source: str
+    target: TargetSpec
+    intermediates: Path | None
+    shapes: dict[str, list[int]]
+    target_options: dict
+    log: Callable[[str], None]
+    spec: GraphSpec | None = None
+    name: str = ""
+    model: onnx.ModelProto | None = None
+    simplify: dict = field(default_factory=dict)
+    io: dict = field(default_factory=dict)
+    relax: object = None
+    tvm_target: object = None
+    executable: object = None
+    reference: dict[str, np.ndarray] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def dump(self, filename: str, content: str | bytes) -> None:
+        if self.intermediates is not None:
+            path = self.intermediates / filename
+            path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
+
+
+def stage_load(st: CompileState) -> None:
+    path = Path(st.source)
+    if path.suffix == ".onnx":
+        if not path.is_file():
+            raise FileNotFoundError(f"ONNX file {path} does not exist")
+        try:
+            st.model = onnx.load(str(path))
+            onnx.checker.check_model(st.model)
+        except Exception as err:  # onnx raises DecodeError, ValidationError, ...
+            raise ValueError(f"{path} is not a valid ONNX model: {str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
+        st.name = get_metadata(st.model).get("graph") or path.stem
+        if st.shapes:
+            fix_input_shapes(st.model, st.shapes)
+    else:
+        st.spec = load_graph(st.source)
+        st.name = st.spec.name
+
+
+def stage_export(st: CompileState) -> None:
+    if st.spec is None:
+        return
+    st.model = export_onnx(st.spec)
+    st.dump("01-exported.onnx", st.model.SerializeToString())
+
+
+def stage_simplify(st: CompileState) -> None:
+    from .simplify import simplify_onnx
+    st.io = describe_io(st.model, st.spec)
+    lengths = usable_lengths(st.io, (7, 33)) or usable_lengths(st.io, (1,))
+    checks = [make_inputs(st.io["inputs"], length=n, batch=2 if st.spec else 1, dim_roles=_roles(st.io))
+              for n in lengths]
+    st.model, report = simplify_onnx(st.model, check_inputs=checks)
+    st.simplify = {"nodes_before": report.nodes_before, "nodes_after": report.nodes_after,
+                   "ops_after": report.ops_after, "max_abs_diff": report.max_abs_diff}
+    st.log(f"  simplify: {report.summary()}")
+    st.dump("02-simplified.onnx", st.model.SerializeToString())
+
+
+def stage_legalize(st: CompileState) -> None:
+    """Target rewrites of the ONNX graph (e.g. NPU folding); identity for most targets."""
+    from .backends import get_backend
+    st.model = get_backend(st.target.backend).legalize_onnx(st.model, st)
+    st.dump("03-legalized.onnx", st.model.SerializeToString())
+
+
+def stage_import(st: CompileState) -> None:
+    from .frontend import import_onnx
+    st.relax = import_onnx(st.model)
+    st.dump("04-relax.py", st.relax.script())
+
+
+def stage_build(st: CompileState) -> None:
+    import tvm
+    from .backends import get_backend
+    backend = get_backend(st.target.backend)
+    st.tvm_target = backend.tvm_target(st.target, **st.target_options)
+    st.log(f"  target: {json.dumps(dict(st.tvm_target.export()), default=list)}")
+    st.executable = tvm.compile(st.relax, target=st.tvm_target,
+                                relax_pipeline=backend.relax_pipeline(st.tvm_target))
+
+
+def stage_reference(st: CompileState) -> None:
+    lengths = usable_lengths(st.io, DEFAULT_LENGTHS)
+    if st.spec is not None:
+        run = torch_reference(st.spec.to_dict())
+    else:
+        with tempfile.NamedTemporaryFile(suffix=".onnx") as f:
+            onnx.save(st.model, f.name)
+            run = onnxruntime_runner(f.name, [o["name"] for o in st.io["outputs"]])
+    for n in lengths:
+        inputs = make_inputs(st.io["inputs"], length=n, dim_roles=_roles(st.io))
+        for k, v in {**{f"in/{k}": v for k, v in inputs.items()},
+                     **{f"out/{k}": v for k, v in run(inputs).items()}}.items():
+            st.reference[f"T{n}/{k}"] = v
+
+
+def stage_bundle(st: CompileState, dest: Path) -> Bundle:
+    import torch
+    import tvm
+    from .backends import get_backend
+    with tempfile.TemporaryDirectory() as tmp:
+        so = Path(tmp) / "model.so"
+        get_backend(st.target.backend).export_library(st.executable, so)
+        buf = io.BytesIO()
+        np.savez(buf, **st.reference)
+        manifest = {
+            "graph": {"name": st.name, "source": "spec" if st.spec else "onnx",
+                      "spec": st.spec.to_dict() if st.spec else None},
+            "encoding": st.spec.encoding if st.spec else get_metadata(st.model).get("encoding", "unknown"),
+            "target": {"name": st.target.name, "device": st.target.device, "options": st.target_options,
+                       "tvm": dict(st.tvm_target.export()), "host_arch": _target_arch(st.tvm_target)},
+            **st.io,
+            "reference": {"source": "torch" if st.spec else "onnxruntime",
+                          "lengths": sorted({int(k.split('/')[0][1:]) for k in st.reference})},
+            "tolerance": st.target.tolerance,
+            "simplify": st.simplify,
+            "versions": {"portable_pe": __version__, "torch": torch.__version__.split("+")[0],
+                         "onnx": onnx.__version__, "tvm": tvm.__version__},
+            "tuning": {"database": None},
+            "timings_s": {k: round(v, 3) for k, v in st.timings.items()},
+        }
+        return write_bundle(dest, {"model.so": so, "model.onnx": st.model.SerializeToString(),
+                                   "reference.npz": buf.getvalue()}, json.loads(json.dumps(manifest, default=list)))
+
+
+STAGES = [("load", stage_load), ("export", stage_export), ("simplify", stage_simplify),
+          ("legalize", stage_legalize), ("import", stage_import), ("build", stage_build), ("reference", stage_reference)]
+
+
+def compile_graph(source: str, *, target: str = "llvm", out: str | Path | None = None,
+                  keep_intermediates: bool = False, shapes: dict[str, list[int]] | None = None,
+                  target_options: dict | None = None, log: Callable[[str], None] = print) -> Bundle:
+    """Compile a shipped graph name, a TOML spec or an .onnx file into a verified bundle.
+
+    `target_options` go to the backend's tvm_target() (e.g. board= for arm, arch= for cuda).
+    Nothing is written to `out` unless every stage succeeds.
+    """
+    spec = load_target(target)
+    spec.require_available()
+    stem = Path(source).stem if Path(source).suffix in (".onnx", ".toml") else source
+    dest = Path(out) if out else Path("dist") / f"{stem}-{target}"
+    inter = None
+    if keep_intermediates:
+        inter = dest.parent / f"{dest.name}.intermediates"
+        shutil.rmtree(inter, ignore_errors=True)
+        inter.mkdir(parents=True)
+    st = CompileState(source=str(source), target=spec, intermediates=inter, shapes=shapes or {},
+                      target_options=target_options or {}, log=log)
+    start = time.perf_counter()
+    for name, stage in STAGES:
+        t = time.perf_counter()
+        log(f"[{name}] ...")
+        stage(st)
+        st.timings[name] = time.perf_counter() - t
+    st.timings["total"] = time.perf_counter() - start
+    bundle = stage_bundle(st, dest)
+    log(f"[bundle] {bundle.path} ({st.timings['total']:.1f} s)")
+    return bundle
+
+
+def _roles(io_desc: dict) -> dict[str, str]:
+    return {k: v["role"] for k, v in io_desc.get("dims", {}).items()}
+
+
+def _target_arch(target) -> str:
+    triple = str(target.attrs.get("mtriple", "")) if "mtriple" in target.attrs else ""
+    return triple.split("-")[0] if triple else platform.machine()
+
+
+def fix_input_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> None:
+    """--shape name=1x128: pin an input's dims (the rest of the graph is re-inferred later)."""
+    inputs = {vi.name: vi for vi in model.graph.input}
+    for name, dims in shapes.items():
+        if name not in inputs:
+            raise ValueError(f"--shape names input {name!r}; the graph's inputs are {sorted(inputs)}")
+        shape = inputs[name].type.tensor_type.shape
+        if len(shape.dim) != len(dims):
+            raise ValueError(f"--shape {name}={'x'.join(map(str, dims))} has rank {len(dims)}, "
+                             f"input {name!r} has rank {len(shape.dim)}")
+        for dim, size in zip(shape.dim, dims):
+            dim.Clear()
+            dim.dim_value = size
+
+
+def describe_io(model: onnx.ModelProto, spec: GraphSpec | None) -> dict:
+    """Inputs/outputs with dtype and dims; symbolic dims with a role (batch/seq) and bounds."""
+    def value_info(vi):
+        dims = [d.dim_param or d.dim_value or "?" for d in vi.type.tensor_type.shape.dim]
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
+        return {"name": vi.name, "dtype": str(dtype), "dims": dims}
+    initializers = {i.name for i in model.graph.initializer}
+    inputs = [value_info(vi) for vi in model.graph.input if vi.name not in initializers]
+    outputs = [value_info(vi) for vi in model.graph.output]
+    dims = {}
+    for spec_io in inputs:
+        for axis, d in enumerate(spec_io["dims"]):
+            if isinstance(d, str) and d not in dims:
+                role = "batch" if axis == 0 and len(spec_io["dims"]) >= 2 else "seq"
+                dims[d] = {"role": role, "min": 1, "max": 4096}
+    if spec is not None:
+        dims = {"batch": {"role": "batch", "min": 1, "max": spec.max_batch},
+                "seq": {"role": "seq", "min": 1, "max": spec.max_length}}
+    desc = {"inputs": inputs, "outputs": outputs, "dims": dims}
+    if spec is not None and spec.build().pe.max_length is not None:
+        why = f"learned position table of {spec.max_length} rows"
+        dims["seq"]["why"] = f"({why})"
+        desc["value_limits"] = {"positions": {"min": 0, "max": spec.max_length - 1, "why": why}}
+    if not dims:
+        desc["static_length"] = next((d[1] for d in (i["dims"] for i in inputs) if len(d) >= 2), 0)
+    return desc

@@ -1,0 +1,187 @@
+"""The parity harness: one way to make inputs, one tolerance table, one comparison.
+
+The reference is PyTorch eager (rebuilt from the bundle's graph spec) or, for a graph
+that came as a foreign ONNX file, onnxruntime on that graph. Candidates are onnxruntime
+and the compiled TVM artifact. Each output is checked for shape and dtype before values.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+#: absolute and relative (to the reference's largest magnitude) error allowed, by dtype.
+#: A result passes when max_abs <= atol + rtol * max|ref| and cosine >= min_cosine.
+TOLERANCES = {
+    "float32": {"atol": 1e-4, "rtol": 1e-4, "min_cosine": 0.9999},
+    "float16": {"atol": 2e-2, "rtol": 1e-2, "min_cosine": 0.999},
+    "int8": {"atol": float("inf"), "rtol": float("inf"), "min_cosine": 0.99},
+}
+DEFAULT_LENGTHS = (1, 7, 128, 300)
+
+
+def tolerance_for(dtype: str, overrides: dict | None = None) -> dict:
+    if dtype not in TOLERANCES:
+        raise ValueError(f"no tolerance for dtype {dtype!r}; known: {', '.join(TOLERANCES)}")
+    return {**TOLERANCES[dtype], **(overrides or {}).get(dtype, {})}
+
+
+def make_inputs(input_specs: list[dict], *, length: int, batch: int = 1, seed: int = 0,
+                dim_roles: dict[str, str] | None = None) -> dict[str, np.ndarray]:
+    """Seeded inputs: symbolic 'seq' dims take `length`, 'batch' dims take `batch`.
+
+    Float inputs are standard normal; position inputs count 0..T-1; masks are ones;
+    other integer inputs (token ids) are drawn below the input's declared limit.
+    """
+    rng = np.random.default_rng(seed)
+    roles = dim_roles or {}
+    arrays = {}
+    for spec in input_specs:
+        shape = [d if isinstance(d, int) else (batch if roles.get(d) == "batch" else length)
+                 for d in spec["dims"]]
+        name, dtype = spec["name"].lower(), np.dtype(spec["dtype"])
+        if dtype.kind == "f":
+            arrays[spec["name"]] = rng.standard_normal(shape).astype(dtype)
+        elif "position" in name or name in ("pos", "positions"):
+            arrays[spec["name"]] = np.broadcast_to(np.arange(shape[-1] if shape else 1), shape).astype(dtype).copy()
+        elif "mask" in name:
+            arrays[spec["name"]] = np.ones(shape, dtype)
+        else:
+            high = spec.get("high", 2)
+            arrays[spec["name"]] = rng.integers(0, high, shape).astype(dtype)
+    return arrays
+
+
+@dataclass
+class Comparison:
+    candidate: str
+    length: int
+    output: str
+    shape: list
+    max_abs: float
+    max_rel: float
+    cosine: float
+    ok: bool
+    why: str = ""
+
+
+def compare(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray], *,
+            name: str, length: int, tolerance_overrides: dict | None = None) -> list[Comparison]:
+    rows = []
+    for out, ref in reference.items():
+        got = candidate.get(out)
+        if got is None:
+            rows.append(Comparison(name, length, out, list(ref.shape), np.inf, np.inf, 0.0, False, "missing output"))
+            continue
+        if got.shape != ref.shape or got.dtype != ref.dtype:
+            rows.append(Comparison(name, length, out, list(got.shape), np.inf, np.inf, 0.0, False,
+                                   f"got {got.dtype}{list(got.shape)}, expected {ref.dtype}{list(ref.shape)}"))
+            continue
+        tol = tolerance_for(str(ref.dtype), tolerance_overrides)
+        r, g = ref.astype(np.float64).ravel(), got.astype(np.float64).ravel()
+        scale = float(np.max(np.abs(r))) if r.size else 0.0
+        max_abs = float(np.max(np.abs(r - g))) if r.size else 0.0
+        denom = float(np.linalg.norm(r) * np.linalg.norm(g))
+        cosine = float(r @ g / denom) if denom else float(max_abs == 0.0)
+        ok = bool(np.all(np.isfinite(g)) and max_abs <= tol["atol"] + tol["rtol"] * scale
+                  and cosine >= tol["min_cosine"])
+        why = "" if ok else f"atol {tol['atol']:g} + rtol {tol['rtol']:g}*{scale:.3g}, min cosine {tol['min_cosine']}"
+        rows.append(Comparison(name, length, out, list(ref.shape), max_abs,
+                               max_abs / scale if scale else max_abs, cosine, ok, why))
+    return rows
+
+
+@dataclass
+class ParityReport:
+    graph: str
+    target: str
+    reference: str
+    rows: list[Comparison] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.rows) and all(r.ok for r in self.rows)
+
+    def worst(self, candidate: str) -> float:
+        return max((r.max_abs for r in self.rows if r.candidate == candidate), default=float("nan"))
+
+    def to_json(self) -> str:
+        return json.dumps({"graph": self.graph, "target": self.target, "reference": self.reference,
+                           "ok": self.ok, "rows": [asdict(r) for r in self.rows]}, indent=2)
+
+    def to_markdown(self) -> str:
+        lines = [f"### parity: {self.graph} on {self.target} (reference: {self.reference})", "",
+                 "| candidate | T | output | shape | max abs | max rel | cosine | result |",
+                 "|---|---:|---|---|---:|---:|---:|---|"]
+        for r in self.rows:
+            lines.append(f"| {r.candidate} | {r.length} | {r.output} | {'x'.join(map(str, r.shape))} | "
+                         f"{r.max_abs:.2e} | {r.max_rel:.2e} | {r.cosine:.6f} | "
+                         f"{'ok' if r.ok else 'FAIL (' + r.why + ')'} |")
+        lines += ["", f"**{'PASS' if self.ok else 'FAIL'}**"]
+        return "\n".join(lines)
+
+
+def dim_roles(manifest: dict) -> dict[str, str]:
+    return {name: info.get("role", "seq") for name, info in manifest.get("dims", {}).items()}
+
+
+def usable_lengths(manifest: dict, lengths) -> list[int]:
+    """The requested lengths the bundle accepts; a static graph has its one length."""
+    seq = [info for info in manifest.get("dims", {}).values() if info.get("role") == "seq"]
+    if not seq:
+        return [manifest.get("static_length", 0)]
+    lo, hi = max(i["min"] for i in seq), min(i["max"] for i in seq)
+    return [n for n in lengths if lo <= n <= hi]
+
+
+def torch_reference(spec_dict: dict):
+    """PyTorch eager as a callable on named numpy inputs (the encoder rebuilt from its spec)."""
+    import torch
+    from .graphs import GraphSpec
+    model = GraphSpec.from_dict(spec_dict, source="bundle manifest").build()
+
+    def run(inputs):
+        with torch.no_grad():
+            out = model(**{k: torch.from_numpy(v) for k, v in inputs.items()})
+        return {"hidden": out.numpy()}
+    return run
+
+
+def onnxruntime_runner(onnx_path, output_names: list[str]):
+    import onnx
+    from .simplify import ort_session
+    session = ort_session(onnx.load(str(onnx_path)))
+    return lambda inputs: dict(zip(output_names, session.run(output_names, inputs)))
+
+
+def check_bundle(bundle, *, lengths=DEFAULT_LENGTHS, batch: int = 1, seed: int = 0,
+                 tvm_runner=None, candidates=("onnxruntime", "tvm")) -> ParityReport:
+    """Compare the bundle (and onnxruntime on its ONNX) with the reference at each length.
+
+    `tvm_runner` runs the compiled module (default: load it here); deploy passes one
+    that runs on a board over RPC.
+    """
+    from .runtime import LocalRunner
+    manifest = bundle.manifest
+    outputs = [o["name"] for o in manifest["outputs"]]
+    ref_source = manifest["reference"]["source"]
+    if ref_source == "torch":
+        reference = torch_reference(manifest["graph"]["spec"])
+    else:
+        reference = onnxruntime_runner(bundle.file("model.onnx"), outputs)
+    runners = {"onnxruntime": lambda: onnxruntime_runner(bundle.file("model.onnx"), outputs),
+               "tvm": lambda: tvm_runner or LocalRunner(bundle).run}
+    if ref_source == "onnxruntime":  # comparing onnxruntime with itself proves nothing
+        candidates = [c for c in candidates if c != "onnxruntime"]
+    active = {name: runners[name]() for name in candidates}
+    report = ParityReport(bundle.name, bundle.target, ref_source)
+    roles = dim_roles(manifest)
+    for length in usable_lengths(manifest, lengths):
+        inputs = make_inputs(manifest["inputs"], length=length, batch=batch, seed=seed, dim_roles=roles)
+        expected = reference(inputs)
+        for name, run in active.items():
+            report.rows += compare(expected, run(inputs), name=name, length=length,
+                                   tolerance_overrides=manifest.get("tolerance"))
+    return report

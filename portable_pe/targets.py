@@ -1,0 +1,57 @@
+"""Target specs (targets/<name>.toml) and the TARGETS registry.
+
+A spec says which backend module builds for it (portable_pe/backends/<backend>.py, each
+with the same functions), which TVM target to use, where the code runs, and tolerance
+overrides. Nothing else in the package branches on a target's name or kind.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TARGETS_DIR = Path(__file__).resolve().parent.parent / "targets"
+_KEYS = {"name", "description", "backend", "device", "planned", "tvm", "tolerance", "options"}
+
+
+class TargetUnavailable(RuntimeError):
+    """The target is registered but not built yet, or its toolchain is missing here."""
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    name: str
+    description: str
+    backend: str
+    device: str
+    tvm: dict
+    planned: str | None = None
+    tolerance: dict = field(default_factory=dict)
+    options: dict = field(default_factory=dict)
+
+    def require_available(self) -> None:
+        if self.planned:
+            raise TargetUnavailable(f"target {self.name!r} is not available yet: {self.planned}")
+
+
+def _target_files() -> dict[str, Path]:
+    return {p.stem: p for p in sorted(TARGETS_DIR.glob("*.toml"))}
+
+
+TARGETS: dict[str, Path] = _target_files()
+
+
+def load_target(name: str) -> TargetSpec:
+    if name not in TARGETS:
+        raise ValueError(f"unknown target {name!r}; valid: {', '.join(TARGETS)}")
+    path = TARGETS[name]
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"{path}: not valid TOML: {err}") from None
+    unknown = set(data) - _KEYS
+    missing = {"name", "backend", "device", "tvm"} - set(data)
+    if unknown or missing:
+        raise ValueError(f"{path}: unknown keys {sorted(unknown)}, missing keys {sorted(missing)}")
+    return TargetSpec(description=data.get("description", ""), **{k: v for k, v in data.items() if k != "description"})

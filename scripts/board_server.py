@@ -1,0 +1,381 @@
+#!/usr/bin/env python3
+"""The emulated aarch64 edge board: a TVM RPC server and a script runner under qemu-aarch64.
+
+Build the board first with ``bash scripts/board_setup.sh``. Then::
+
+    python scripts/board_server.py start [--port 9190] [--timeout 120]   # prints HOST:PORT
+    python scripts/board_server.py status
+    python scripts/board_server.py stop
+    python scripts/board_server.py run [--runtime-only] SCRIPT.py [ARGS...]
+
+The RPC server binds 127.0.0.1 only. The stock ``python -m tvm.exec.rpc_server`` dies under
+qemu-user (its worker re-execs ``sys.executable``: "Exec format error"), so the server is
+``tvm.rpc.server.PopenRPCServerState`` started in-process after
+``multiprocessing.set_start_method("fork")``.
+
+Importable API (no TVM import on the host side)::
+
+    board_paths() -> BoardPaths(board_dir, rootfs, site, qemu)
+    board_command(script, args=(), python_args=()) -> list[str]
+    board_env(runtime_only=False, base=None) -> dict
+    run_on_board(script, args=(), runtime_only=False, **subprocess_kwargs) -> CompletedProcess
+    start_server(port=9190, timeout=120.0) -> (host, port)
+    stop_server() -> bool
+    server_status() -> dict | None
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterable, Sequence
+
+HOST = "127.0.0.1"
+DEFAULT_PORT = 9190
+DEFAULT_TIMEOUT = 120.0
+BOARD_PYTHON = "usr/bin/python3.11"
+
+# Runs *on the board* (aarch64 python under qemu). argv: host port port_end
+_SERVER_CODE = r"""
+import logging, multiprocessing, sys, threading
+multiprocessing.set_start_method("fork")
+logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+import tvm
+from tvm.rpc.server import PopenRPCServerState
+host, port, port_end = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+state = PopenRPCServerState(host, port, port_end)
+PopenRPCServerState.current = state
+print("BOARD_RPC_READY %s:%d tvm %s" % (host, state.port, tvm.__version__), flush=True)
+state.thread.join()
+"""
+
+
+class BoardError(RuntimeError):
+    """The board is missing, or the server could not be started/stopped."""
+
+
+class BoardPaths:
+    """Paths of one board. (A plain class: a dataclass breaks loading this file via importlib
+    without registering it in sys.modules.)"""
+
+    def __init__(self, board_dir: Path, rootfs: Path, site: Path, qemu: str):
+        self.board_dir, self.rootfs, self.site, self.qemu = board_dir, rootfs, site, qemu
+
+    def __repr__(self) -> str:
+        return f"BoardPaths(board_dir={self.board_dir!s}, rootfs={self.rootfs!s}, site={self.site!s}, qemu={self.qemu})"
+
+    @property
+    def python(self) -> Path:
+        return self.rootfs / BOARD_PYTHON
+
+    @property
+    def pid_file(self) -> Path:
+        return self.board_dir / "rpc_server.pid"
+
+    @property
+    def state_file(self) -> Path:
+        return self.board_dir / "rpc_server.json"
+
+    @property
+    def log_file(self) -> Path:
+        return self.board_dir / "logs" / "rpc_server.log"
+
+
+def board_dir() -> Path:
+    env = os.environ.get("PORTABLE_PE_BOARD_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "portable-pe" / "board"
+
+
+def board_paths(check: bool = False) -> BoardPaths:
+    """Where the board lives. With ``check=True`` raise BoardError if it is not built."""
+    d = board_dir()
+    qemu = os.environ.get("PORTABLE_PE_QEMU") or shutil.which("qemu-aarch64") or "qemu-aarch64"
+    paths = BoardPaths(d, d / "rootfs", d / "site", qemu)
+    if check:
+        problems = []
+        if not shutil.which(paths.qemu):
+            problems.append("qemu-aarch64 not on PATH")
+        if not paths.python.exists():
+            problems.append(f"no board python at {paths.python}")
+        if not (paths.site / "tvm").is_dir():
+            problems.append(f"no aarch64 tvm in {paths.site}")
+        if problems:
+            raise BoardError(
+                "emulated board not ready (" + "; ".join(problems) + "): run `bash scripts/board_setup.sh`"
+            )
+    return paths
+
+
+def board_available() -> bool:
+    """True when the board is built (handy for pytest skipif)."""
+    try:
+        board_paths(check=True)
+        return True
+    except BoardError:
+        return False
+
+
+def board_command(
+    script: str | os.PathLike | None,
+    args: Iterable[str] = (),
+    python_args: Sequence[str] = (),
+) -> list[str]:
+    """argv that runs ``python3.11 [python_args] script args`` on the board.
+
+    ``script=None`` lets ``python_args`` carry e.g. ``["-c", code]`` or ``["-m", mod]``.
+    """
+    p = board_paths()
+    cmd = [p.qemu, "-L", str(p.rootfs), str(p.python), *python_args]
+    if script is not None:
+        cmd.append(str(script))
+    cmd.extend(str(a) for a in args)
+    return cmd
+
+
+def board_env(runtime_only: bool = False, base: dict | None = None) -> dict:
+    """Environment for a board process: PYTHONPATH is the aarch64 site only (never the host's)."""
+    p = board_paths()
+    env = dict(os.environ if base is None else base)
+    env.pop("PYTHONHOME", None)
+    env.pop("PYTHONSTARTUP", None)
+    env["PYTHONPATH"] = str(p.site)
+    env["PYTHONNOUSERSITE"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    if runtime_only:
+        env["TVM_USE_RUNTIME_LIB"] = "1"  # runtime only: ~2 s import under qemu instead of ~6 s
+    else:
+        env.pop("TVM_USE_RUNTIME_LIB", None)
+    return env
+
+
+def run_on_board(
+    script: str | os.PathLike | None,
+    args: Iterable[str] = (),
+    runtime_only: bool = False,
+    python_args: Sequence[str] = (),
+    **kwargs,
+) -> subprocess.CompletedProcess:
+    """subprocess.run the script on the board; extra kwargs go to subprocess.run."""
+    board_paths(check=True)
+    env = board_env(runtime_only, kwargs.pop("env", None))
+    return subprocess.run(board_command(script, args, python_args), env=env, **kwargs)
+
+
+# ------------------------------------------------------------------ RPC server
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie counts as dead
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _is_our_server(pid: int) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return _pid_alive(pid)
+    return any(b"qemu-aarch64" in c for c in cmdline) and any(b"BOARD_RPC_READY" in c for c in cmdline)
+
+
+def _port_open(host: str, port: int, timeout: float = 1.0) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _free_port(host: str = HOST) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _log_tail(path: Path, n: int = 30) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join(lines[-n:])
+
+
+def server_status() -> dict | None:
+    """{'pid', 'host', 'port', 'log', 'accepting'} of the running server, or None.
+
+    Removes stale pid/state files."""
+    p = board_paths()
+    if not p.pid_file.exists():
+        return None
+    try:
+        pid = int(p.pid_file.read_text().strip())
+        state = json.loads(p.state_file.read_text()) if p.state_file.exists() else {}
+    except (OSError, ValueError):
+        pid, state = -1, {}
+    if pid <= 0 or not _pid_alive(pid) or not _is_our_server(pid):
+        p.pid_file.unlink(missing_ok=True)
+        p.state_file.unlink(missing_ok=True)
+        return None
+    state["pid"] = pid
+    state["accepting"] = bool(state.get("port")) and _port_open(state.get("host", HOST), state["port"])
+    return state
+
+
+def start_server(port: int = DEFAULT_PORT, timeout: float = DEFAULT_TIMEOUT, quiet: bool = True) -> tuple[str, int]:
+    """Start the board RPC server in the background (idempotent) and return (host, port).
+
+    ``port=0`` picks a free port. Waits at most ``timeout`` s for the port to accept
+    connections; raises BoardError with the log tail if the server dies or never listens."""
+    p = board_paths(check=True)
+    st = server_status()
+    if st is not None:
+        if port in (0, st["port"]):
+            return st["host"], st["port"]
+        raise BoardError(
+            f"board RPC server already running on {st['host']}:{st['port']} (pid {st['pid']}); "
+            "run `python scripts/board_server.py stop` first"
+        )
+    if port == 0:
+        port = _free_port()
+    if _port_open(HOST, port, timeout=0.5):
+        raise BoardError(f"port {HOST}:{port} is already in use by another process")
+
+    p.log_file.parent.mkdir(parents=True, exist_ok=True)
+    cmd = board_command(None, [HOST, str(port), str(port + 1)], python_args=["-c", _SERVER_CODE])
+    # The server needs only the runtime (modules arrive compiled), and imports 3x faster so.
+    env = board_env(runtime_only=os.environ.get("PORTABLE_PE_BOARD_FULL_TVM") != "1")
+    t0 = time.monotonic()
+    with open(p.log_file, "wb") as log:
+        log.write(f"# {time.strftime('%F %T')} starting: {' '.join(cmd[:4])} -c <server> {HOST} {port}\n".encode())
+        log.flush()
+        proc = subprocess.Popen(
+            cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True, cwd=str(p.board_dir),
+        )
+    p.pid_file.write_text(f"{proc.pid}\n")
+    p.state_file.write_text(json.dumps({"host": HOST, "port": port, "log": str(p.log_file), "started": time.time()}))
+
+    while True:
+        rc = proc.poll()
+        if rc is not None:
+            p.pid_file.unlink(missing_ok=True)
+            p.state_file.unlink(missing_ok=True)
+            raise BoardError(
+                f"board RPC server exited with code {rc} before listening on {HOST}:{port}. "
+                f"Log {p.log_file}:\n{_log_tail(p.log_file)}"
+            )
+        if _port_open(HOST, port, timeout=0.5):
+            break
+        if time.monotonic() - t0 > timeout:
+            _kill_group(proc.pid)
+            p.pid_file.unlink(missing_ok=True)
+            p.state_file.unlink(missing_ok=True)
+            raise BoardError(
+                f"board RPC server did not listen on {HOST}:{port} within {timeout:.0f} s. "
+                f"Log {p.log_file}:\n{_log_tail(p.log_file)}"
+            )
+        time.sleep(0.25)
+    if not quiet:
+        print(f"board RPC server pid {proc.pid} up in {time.monotonic() - t0:.1f} s, log {p.log_file}", file=sys.stderr)
+    return HOST, port
+
+
+def _kill_group(pid: int, grace: float = 10.0) -> None:
+    """SIGTERM the server's process group (qemu + forked session workers), then SIGKILL.
+
+    The server runs in its own session, so its pid is also its process-group id."""
+
+    def group_gone() -> bool:
+        try:  # reap the leader if it is our child
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return not _pid_alive(pid)
+        return False
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return
+        except PermissionError:
+            os.kill(pid, sig)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            if group_gone():
+                return
+            time.sleep(0.1)
+
+
+def stop_server() -> bool:
+    """Stop the board RPC server; False if none was running."""
+    p = board_paths()
+    st = server_status()
+    if st is None:
+        return False
+    _kill_group(st["pid"])
+    p.pid_file.unlink(missing_ok=True)
+    p.state_file.unlink(missing_ok=True)
+    return True
+
+
+# ------------------------------------------------------------------ CLI
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("start", help="start the RPC server on the board, print HOST:PORT")
+    s.add_argument("--port", type=int, default=DEFAULT_PORT, help="0 = any free port (default %(default)s)")
+    s.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds to wait (default %(default)s)")
+    sub.add_parser("stop", help="stop the RPC server")
+    sub.add_parser("status", help="report the RPC server")
+    sub.add_parser("paths", help="print board paths")
+    r = sub.add_parser("run", help="run a python script on the board")
+    r.add_argument("--runtime-only", action="store_true", help="set TVM_USE_RUNTIME_LIB=1 (runtime-only tvm)")
+    r.add_argument("script")
+    r.add_argument("args", nargs=argparse.REMAINDER)
+    a = ap.parse_args(argv)
+
+    try:
+        if a.cmd == "start":
+            host, port = start_server(a.port, a.timeout, quiet=False)
+            print(f"{host}:{port}")
+        elif a.cmd == "stop":
+            print("stopped" if stop_server() else "not running")
+        elif a.cmd == "status":
+            st = server_status()
+            if st is None:
+                print("not running")
+                return 1
+            print(f"running pid {st['pid']} on {st['host']}:{st['port']} "
+                  f"({'accepting' if st['accepting'] else 'NOT accepting'}) log {st.get('log')}")
+        elif a.cmd == "paths":
+            p = board_paths()
+            print(f"board_dir={p.board_dir}\nrootfs={p.rootfs}\nsite={p.site}\nqemu={p.qemu}")
+        elif a.cmd == "run":
+            return run_on_board(a.script, a.args, runtime_only=a.runtime_only).returncode
+    except BoardError as e:
+        print(f"board_server: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
