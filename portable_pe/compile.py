@@ -25,8 +25,16 @@ from . import __version__
 from .artifact import Bundle, write_bundle
 from .export import export_onnx, get_metadata
 from .graphs import GRAPHS, GraphSpec, load_graph
-from .parity import DEFAULT_LENGTHS, make_inputs, onnxruntime_runner, torch_reference, usable_lengths
+from .parity import DEFAULT_LENGTHS, make_inputs, tolerance_for, onnxruntime_runner, torch_reference, usable_lengths
 from .targets import TargetSpec, load_target
+
+
+#: shipped in every bundle as run_on_board.py: the bundle checks itself on a board
+BOARD_RUNNER = Path(__file__).resolve().parent / "board_runner.py"
+
+
+class CompileError(RuntimeError):
+    """A stage failed; the message names the stage and the source."""
 
 
 @dataclass
@@ -47,6 +55,8 @@ class CompileState:
     executable: object = None
     reference: dict[str, np.ndarray] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    pe_tables: str | None = None  # "int8": position tables stored as int8 rows (pe_tables.py)
+    target_report: dict = field(default_factory=dict)  # backend sections for the manifest (e.g. npu)
 
     def dump(self, filename: str, content: str | bytes) -> None:
         if self.intermediates is not None:
@@ -95,6 +105,12 @@ def stage_simplify(st: CompileState) -> None:
 def stage_legalize(st: CompileState) -> None:
     """Target rewrites of the ONNX graph (e.g. NPU folding); identity for most targets."""
     from .backends import get_backend
+    if st.pe_tables == "int8":
+        from .pe_tables import quantize_onnx_tables
+        st.model, tables = quantize_onnx_tables(st.model)
+        st.target_report["pe_tables"] = {"dtype": "int8", "tables": tables}
+        st.log(f"  pe-tables int8: {len(tables)} stored table(s) quantized per row"
+               f"{'' if tables else ' (this encoding computes its tables at run time)'}")
     st.model = get_backend(st.target.backend).legalize_onnx(st.model, st)
     st.dump("03-legalized.onnx", st.model.SerializeToString())
 
@@ -105,12 +121,24 @@ def stage_import(st: CompileState) -> None:
     st.dump("04-relax.py", st.relax.script())
 
 
+def stage_target(st: CompileState) -> None:
+    """Resolve the TVM target first: a bad --board/--arch or a missing toolchain fails in
+    a second, not after the export."""
+    from .backends import get_backend
+    unknown = sorted(set(st.target_options) - set(st.target.options))
+    if unknown:
+        raise ValueError(f"target {st.target.name!r} takes no option {', '.join(unknown)}; "
+                         f"its options: {', '.join(st.target.options) or 'none'}")
+    st.target_options = {**{k: o["default"] for k, o in st.target.options.items() if "default" in o},
+                         **st.target_options}
+    st.tvm_target = get_backend(st.target.backend).tvm_target(st.target, **st.target_options)
+    st.log(f"  target: {json.dumps(dict(st.tvm_target.export()), default=list)}")
+
+
 def stage_build(st: CompileState) -> None:
     import tvm
     from .backends import get_backend
     backend = get_backend(st.target.backend)
-    st.tvm_target = backend.tvm_target(st.target, **st.target_options)
-    st.log(f"  target: {json.dumps(dict(st.tvm_target.export()), default=list)}")
     st.executable = tvm.compile(st.relax, target=st.tvm_target,
                                 relax_pipeline=backend.relax_pipeline(st.tvm_target))
 
@@ -128,6 +156,14 @@ def stage_reference(st: CompileState) -> None:
         for k, v in {**{f"in/{k}": v for k, v in inputs.items()},
                      **{f"out/{k}": v for k, v in run(inputs).items()}}.items():
             st.reference[f"T{n}/{k}"] = v
+
+
+def stage_finalize(st: CompileState) -> None:
+    """Backend checks that need the build and the reference (e.g. the NPU's TVM accuracy)."""
+    from .backends import get_backend
+    finalize = getattr(get_backend(st.target.backend), "finalize", None)
+    if finalize is not None:
+        st.target_report.update(finalize(st))
 
 
 def stage_bundle(st: CompileState, dest: Path) -> Bundle:
@@ -148,24 +184,27 @@ def stage_bundle(st: CompileState, dest: Path) -> Bundle:
             **st.io,
             "reference": {"source": "torch" if st.spec else "onnxruntime",
                           "lengths": sorted({int(k.split('/')[0][1:]) for k in st.reference})},
-            "tolerance": st.target.tolerance,
+            # resolved per output dtype, so the bundle's runner can check itself without us
+            "tolerance": {o["dtype"]: tolerance_for(o["dtype"], st.target.tolerance) for o in st.io["outputs"]},
             "simplify": st.simplify,
             "versions": {"portable_pe": __version__, "torch": torch.__version__.split("+")[0],
                          "onnx": onnx.__version__, "tvm": tvm.__version__},
             "tuning": {"database": None},
             "timings_s": {k: round(v, 3) for k, v in st.timings.items()},
+            **st.target_report,
         }
         return write_bundle(dest, {"model.so": so, "model.onnx": st.model.SerializeToString(),
-                                   "reference.npz": buf.getvalue()}, json.loads(json.dumps(manifest, default=list)))
+                                   "reference.npz": buf.getvalue(), "run_on_board.py": BOARD_RUNNER}, json.loads(json.dumps(manifest, default=list)))
 
 
-STAGES = [("load", stage_load), ("export", stage_export), ("simplify", stage_simplify),
-          ("legalize", stage_legalize), ("import", stage_import), ("build", stage_build), ("reference", stage_reference)]
+STAGES = [("target", stage_target), ("load", stage_load), ("export", stage_export), ("simplify", stage_simplify),
+          ("legalize", stage_legalize), ("import", stage_import), ("build", stage_build), ("reference", stage_reference),
+          ("finalize", stage_finalize)]
 
 
 def compile_graph(source: str, *, target: str = "llvm", out: str | Path | None = None,
                   keep_intermediates: bool = False, shapes: dict[str, list[int]] | None = None,
-                  target_options: dict | None = None, log: Callable[[str], None] = print) -> Bundle:
+                  target_options: dict | None = None, pe_tables: str | None = None, log: Callable[[str], None] = print) -> Bundle:
     """Compile a shipped graph name, a TOML spec or an .onnx file into a verified bundle.
 
     `target_options` go to the backend's tvm_target() (e.g. board= for arm, arch= for cuda).
@@ -181,12 +220,19 @@ def compile_graph(source: str, *, target: str = "llvm", out: str | Path | None =
         shutil.rmtree(inter, ignore_errors=True)
         inter.mkdir(parents=True)
     st = CompileState(source=str(source), target=spec, intermediates=inter, shapes=shapes or {},
-                      target_options=target_options or {}, log=log)
+                      target_options=target_options or {}, log=log, pe_tables=pe_tables)
     start = time.perf_counter()
     for name, stage in STAGES:
         t = time.perf_counter()
         log(f"[{name}] ...")
-        stage(st)
+        try:
+            stage(st)
+        except (ValueError, FileNotFoundError):
+            raise  # already says which input is wrong and what was expected
+        except Exception as err:
+            first = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+            raise CompileError(f"{name} stage failed for {source}: {first}"
+                               f"{' (input shapes fixed by --shape: ' + str(st.shapes) + ')' if st.shapes else ''}") from err
         st.timings[name] = time.perf_counter() - t
     st.timings["total"] = time.perf_counter() - start
     bundle = stage_bundle(st, dest)

@@ -1,0 +1,31 @@
+"""Shared fixtures: compiled bundles are built once per session and reused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).parent / "data"
+TINY_SPEC = DATA / "tiny_rope.toml"
+
+
+@pytest.fixture(scope="session")
+def bundle_factory(tmp_path_factory):
+    """compile(graph, target) -> Bundle, cached per (graph, target) for the session."""
+    from portable_pe.compile import compile_graph
+    cache = {}
+
+    def build(graph: str, target: str = "llvm", **options):
+        key = (str(graph), target, tuple(sorted(options.items())))
+        if key not in cache:
+            out = tmp_path_factory.mktemp("bundles") / f"{Path(str(graph)).stem}-{target}"
+            cache[key] = compile_graph(str(graph), target=target, out=out, log=lambda m: None,
+                                       target_options=options or None)
+        return cache[key]
+    return build
+
+
+@pytest.fixture(scope="session")
+def tiny_bundle(bundle_factory):
+    return bundle_factory(TINY_SPEC)

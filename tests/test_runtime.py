@@ -1,0 +1,45 @@
+"""run_local checks inputs against the manifest before anything runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from portable_pe.runtime import InputError, run_local
+
+
+def good_inputs(length=5, batch=1):
+    rng = np.random.default_rng(0)
+    return {"x": rng.standard_normal((batch, length, 64)).astype(np.float32),
+            "positions": np.arange(length, dtype=np.int64)}
+
+
+def test_runs_and_names_outputs(tiny_bundle):
+    out = run_local(tiny_bundle, good_inputs(length=9, batch=2))
+    assert list(out) == ["hidden"] and out["hidden"].shape == (2, 9, 64) and out["hidden"].dtype == np.float32
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda i: i.pop("positions"), r"missing \['positions'\]"),
+    (lambda i: i.update(extra=np.zeros(1)), r"unexpected \['extra'\]"),
+    (lambda i: i.update(x=i["x"].astype(np.float64)), "'x' must be float32, got float64"),
+    (lambda i: i.update(positions=i["positions"].astype(np.int32)), "'positions' must be int64"),
+    (lambda i: i.update(x=i["x"][0]), r"'x' must have rank 3 \['batch', 'seq', 64\]"),
+    (lambda i: i.update(x=np.zeros((1, 5, 32), np.float32)), "'x' axis 2 must be 64, got 32"),
+    (lambda i: i.update(positions=np.arange(6)), "dim 'seq' is 5 in one input and 6"),
+    (lambda i: i.update(x=np.zeros((1, 2000, 64), np.float32), positions=np.arange(2000)), "seq in 1..1024"),
+])
+def test_bad_inputs_are_named(tiny_bundle, change, message):
+    inputs = good_inputs()
+    change(inputs)
+    with pytest.raises(InputError, match=message):
+        run_local(tiny_bundle, inputs)
+
+
+def test_sequence_longer_than_learned_table(bundle_factory):
+    bundle = bundle_factory("learned")
+    x = np.zeros((1, 513, 256), np.float32)
+    with pytest.raises(InputError, match="learned position table of 512 rows"):
+        run_local(bundle, {"x": x, "positions": np.arange(513)})
+    with pytest.raises(InputError, match="values must lie in 0..511"):
+        run_local(bundle, {"x": x[:, :10], "positions": np.arange(10) + 600})
