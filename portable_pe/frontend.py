@@ -1,4 +1,5 @@
-"""Import: ONNX -> Relax, refusing ops TVM cannot import with the op, node and opset named."""
+"""Import: ONNX -> Relax with portable_pe's converters (RotaryEmbedding-23, Attention-23/24)
+registered, refusing ops nothing can import with the op, node and opset named."""
 
 from __future__ import annotations
 
@@ -6,22 +7,23 @@ import onnx
 
 
 class UnsupportedOpError(ValueError):
-    """The graph holds ops the Relax ONNX importer has no converter for."""
+    """The graph holds ops neither TVM's importer nor our converters can take."""
 
 
 def blocking_nodes(model: onnx.ModelProto) -> list[dict]:
-    from tvm.relax.frontend.onnx import onnx_frontend
-    known = onnx_frontend._get_convert_map()
-    opsets = {o.domain or "ai.onnx": o.version for o in model.opset_import}
-    return [{"node": node.name or f"#{i}", "op": node.op_type, "domain": node.domain or "ai.onnx",
-             "opset": opsets.get(node.domain or "ai.onnx")}
-            for i, node in enumerate(model.graph.node) if node.op_type not in known]
+    """Nodes that would block the import, found from the converter tables alone."""
+    from .legalize import blocking_nodes as find
+    return find(model)
+
+
+def describe_blocking(nodes: list[dict]) -> str:
+    return "; ".join(f"{n['op']} (node {n['node']}, {n['domain'] or 'ai.onnx'} opset {n['opset']}: {n['reason']})"
+                     for n in nodes)
 
 
 def import_onnx(model: onnx.ModelProto, *, shape_dict: dict | None = None):
-    from tvm.relax.frontend import onnx as relax_onnx
+    from .onnx_ops import import_onnx as convert
     blocked = blocking_nodes(model)
     if blocked:
-        listing = "; ".join(f"{b['op']} (node {b['node']}, {b['domain']} opset {b['opset']})" for b in blocked[:10])
-        raise UnsupportedOpError(f"TVM's ONNX importer cannot take {len(blocked)} node(s): {listing}")
-    return relax_onnx.from_onnx(model, shape_dict=shape_dict, keep_params_in_input=False)
+        raise UnsupportedOpError(f"the import cannot take {len(blocked)} node(s): {describe_blocking(blocked)}")
+    return convert(model, shape_dict=shape_dict)
