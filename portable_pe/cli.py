@@ -40,10 +40,54 @@ def cmd_compile(args) -> int:
     from .parity import DEFAULT_LENGTHS, check_bundle
     print(f"compiling {args.graph} for target {args.target}"
           f"{' -> ' + str(args.out) if args.out else ''}", flush=True)
+    options = {k: v for k, v in (("board", args.board), ("arch", args.arch), ("profile", args.profile),
+                                 ("seq_len", args.seq_len), ("host", args.host)) if v}
     bundle = compile_graph(args.graph, target=args.target, out=args.out,
                            keep_intermediates=args.keep_intermediates, shapes=dict(args.shape or []),
+                           target_options=options, pe_tables=args.pe_tables, tuning=not args.no_tuning,
                            log=lambda m: print(m, flush=True))
-    return _print_report(check_bundle(bundle, lengths=args.lengths or DEFAULT_LENGTHS), args.json)
+    runner = _local_runner(bundle)
+    if runner is None and bundle.manifest["reference"]["source"] == "onnxruntime":
+        return 0  # onnxruntime is the reference: nothing else to compare here
+    return _print_report(check_bundle(bundle, lengths=args.lengths or DEFAULT_LENGTHS, tvm_runner=runner,
+                                      candidates=("onnxruntime", "tvm") if runner else ("onnxruntime",)), args.json)
+
+
+def _local_runner(bundle):
+    """The bundle's module loaded here, or None (with a note) for a board or a missing GPU."""
+    from .artifact import BundleError
+    from .runtime import LocalRunner
+    try:
+        return LocalRunner(bundle).run
+    except BundleError as err:
+        print(f"note: the compiled module is not run here: {err}", flush=True)
+        return None
+
+
+def cmd_deploy(args) -> int:
+    from .deploy import deploy
+    report = deploy(args.bundle, rpc=args.rpc, tracker=args.tracker, key=args.key, timeout=args.timeout,
+                    log=lambda m: print(m, flush=True))
+    return _print_report(report, args.json)
+
+
+def _option_choices(option: str) -> list[str]:
+    """The values targets/*.toml declare for a compile option (e.g. every target's boards)."""
+    from .targets import TARGETS, load_target
+    return [c for name in TARGETS for c in load_target(name).options.get(option, {}).get("choices", {})]
+
+
+def cmd_tune(args) -> int:
+    from .tune import rpc_runner, tune_graph
+    runner = rpc_runner(args.rpc_tracker, args.rpc_key) if args.rpc_tracker else None
+    for batch in args.batch:
+        for seq in args.lengths:
+            result = tune_graph(args.graph, target=args.target, batch=batch, seq=seq, trials=args.trials,
+                                only=args.only, runner=runner, log=lambda m: print(m, flush=True))
+            print(f"tuned {result.tasks} kernel(s) at batch={batch} seq={seq} in {result.seconds:.0f} s "
+                  f"-> {result.db_dir}")
+    print("`portable-pe compile` applies this database automatically (`--no-tuning` to skip it)")
+    return 0
 
 
 def cmd_parity(args) -> int:
@@ -71,8 +115,39 @@ def cmd_run(args) -> int:
     return 0
 
 
+def inspect_onnx(path: Path) -> int:
+    """What a compile would meet: inputs, ops, and the nodes that would block the import."""
+    import onnx
+    from collections import Counter
+    from .frontend import blocking_nodes
+    if not path.is_file():
+        raise FileNotFoundError(f"ONNX file {path} does not exist")
+    try:
+        model = onnx.load(str(path))
+    except Exception as err:  # protobuf DecodeError and friends
+        raise ValueError(f"{path} is not a valid ONNX model: {err}") from None
+    opsets = ", ".join(f"{o.domain or 'ai.onnx'} {o.version}" for o in model.opset_import)
+    print(f"onnx {path}: {len(model.graph.node)} nodes, opsets: {opsets}, producer {model.producer_name or '?'}")
+    for kind, values in (("input", model.graph.input), ("output", model.graph.output)):
+        for vi in values:
+            dims = [d.dim_param or d.dim_value or "?" for d in vi.type.tensor_type.shape.dim]
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type) if vi.type.tensor_type.elem_type else "?"
+            print(f"  {kind:6} {vi.name}: {dtype}[{', '.join(map(str, dims))}]")
+    print("  ops: " + ", ".join(f"{op} x{n}" for op, n in Counter(n.op_type for n in model.graph.node).most_common()))
+    blocked = blocking_nodes(model)
+    if not blocked:
+        print("  import: every node has a converter (TVM's or portable-pe's)")
+        return 0
+    print(f"  import: {len(blocked)} node(s) would block compilation:")
+    for b in blocked:
+        print(f"    {b['node']}: {b['op']} ({b['domain'] or 'ai.onnx'} opset {b['opset']}): {b['reason']}")
+    return 1
+
+
 def cmd_inspect(args) -> int:
     from .artifact import load_bundle
+    if Path(args.bundle).suffix == ".onnx":
+        return inspect_onnx(Path(args.bundle))
     bundle = load_bundle(args.bundle)
     m = bundle.manifest
     print(f"bundle {bundle.path}: graph {m['graph']['name']} ({m['graph']['source']}), "
@@ -107,8 +182,20 @@ def cmd_list(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    from .bench import Settings, bench_graph
+    settings = Settings(lengths=tuple(args.lengths), batches=tuple(args.batch), threads=args.threads,
+                        repeat=args.repeat, min_time_s=args.min_time)
+    out = args.out or Path("dist") / f"bench-{Path(args.graph).stem}"
+    result = bench_graph(args.graph, settings=settings, tuned=args.tuned, bundle=args.bundle, out=out,
+                         log=lambda m: print(m, flush=True))
+    print(result.to_markdown())
+    print(f"(wrote {out / 'bench.json'}, bench.md and bench.png)")
+    return 0 if all(c.ok is not False for c in result.cells) else 1
+
+
 COMMANDS = {"compile": cmd_compile, "parity": cmd_parity, "run": cmd_run,
-            "inspect": cmd_inspect, "list": cmd_list}
+            "inspect": cmd_inspect, "list": cmd_list, "tune": cmd_tune, "deploy": cmd_deploy, "bench": cmd_bench}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -124,6 +211,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shape", action="append", type=_shape, metavar="NAME=1x128", help="fix an ONNX input's dims")
     p.add_argument("--lengths", type=_lengths, help="parity sequence lengths (default 1,7,128,300)")
     p.add_argument("--json", metavar="PATH", help="also write the parity report as JSON")
+    p.add_argument("--board", choices=_option_choices("board"), help="--target arm: the board (default generic aarch64)")
+    p.add_argument("--arch", metavar="sm_XY", help="--target cuda: SM arch (default: the local GPU's, else sm_80)")
+    p.add_argument("--profile", metavar="NAME", help="--target npu: NPU profile, targets/npu/NAME.toml (default generic_int8)")
+    p.add_argument("--seq-len", type=int, metavar="N", help="--target npu: the static sequence length (default 128)")
+    p.add_argument("--host", choices=["llvm", "arm"], help="--target npu: host CPU for the TVM build (default llvm)")
+    p.add_argument("--pe-tables", choices=["int8"], help="store position tables as int8 rows with per-row scales")
+    p.add_argument("--no-tuning", action="store_true", help="ignore the graph's tuning database (targets/tuning/)")
+
+    p = sub.add_parser("deploy", help="run a bundle on a board over TVM RPC and print its parity report")
+    p.add_argument("bundle")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--rpc", metavar="HOST:PORT", help="the board's TVM RPC server")
+    where.add_argument("--tracker", metavar="HOST:PORT", help="a TVM RPC tracker (with --key)")
+    p.add_argument("--key", help="with --tracker: the key the board registered under")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds: the board ends the session after this; connecting waits at most min(this, 30)")
+    p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+
+    p = sub.add_parser("tune", help="autotune a graph's kernels with MetaSchedule into its tuning database")
+    p.add_argument("graph", help="shipped graph name, .toml spec, or .onnx file")
+    p.add_argument("--target", default="llvm", choices=list(TARGETS))
+    p.add_argument("--only", choices=["rope"], help="tune only the RoPE kernels (rotation and cos/sin tables)")
+    p.add_argument("--trials", type=int, default=64, help="measured candidates per kernel (default 64)")
+    p.add_argument("--lengths", type=_lengths, default=[128], help="sequence lengths to tune at (default 128)")
+    p.add_argument("--batch", type=_lengths, default=[1], help="batch sizes to tune at (default 1)")
+    p.add_argument("--rpc-tracker", metavar="HOST:PORT", help="measure on boards behind a TVM RPC tracker")
+    p.add_argument("--rpc-key", help="the boards' key at the tracker (with --rpc-tracker)")
 
     p = sub.add_parser("parity", help="check a bundle against its reference at several lengths")
     p.add_argument("bundle")
@@ -136,8 +250,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inputs", required=True, help=".npz with one array per model input")
     p.add_argument("--out", required=True, help=".npz to write the named outputs to")
 
-    p = sub.add_parser("inspect", help="show a bundle's manifest (verifies checksums)")
-    p.add_argument("bundle")
+    p = sub.add_parser("inspect", help="show a bundle's manifest (verifies checksums), or what an "
+                                       ".onnx file holds and which nodes would block its compile")
+    p.add_argument("bundle", help="bundle folder or .onnx file")
+
+    p = sub.add_parser("bench", help="time PyTorch, torch.compile, onnxruntime and TVM on a graph, side by side")
+    p.add_argument("graph", help="shipped graph name or a .toml spec")
+    p.add_argument("--lengths", type=_lengths, default=[128, 512], help="sequence lengths (default 128,512)")
+    p.add_argument("--batch", type=_lengths, default=[1, 8], help="batch sizes (default 1,8)")
+    p.add_argument("--threads", type=int, default=2, help="threads for every engine (default 2)")
+    p.add_argument("--repeat", type=int, default=20, help="at least this many timed runs per cell (default 20)")
+    p.add_argument("--min-time", type=float, default=2.0, help="and at least this many seconds per cell (default 2)")
+    p.add_argument("--tuned", metavar="BUNDLE", help="a tuned llvm bundle for the 'tvm-tuned' column")
+    p.add_argument("--bundle", metavar="BUNDLE", help="reuse this untuned llvm bundle instead of compiling one")
+    p.add_argument("--out", type=Path, help="folder for bench.json/.md/.png and the compiled bundle "
+                                            "(default dist/bench-<graph>)")
 
     sub.add_parser("list", help="list shipped graphs, encodings and targets")
     return parser

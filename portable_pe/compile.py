@@ -24,7 +24,7 @@ import onnx
 from . import __version__
 from .artifact import Bundle, write_bundle
 from .export import export_onnx, get_metadata
-from .graphs import GRAPHS, GraphSpec, load_graph
+from .graphs import GRAPHS, ROOT, GraphSpec, load_graph
 from .parity import DEFAULT_LENGTHS, make_inputs, tolerance_for, onnxruntime_runner, torch_reference, usable_lengths
 from .targets import TargetSpec, load_target
 
@@ -56,7 +56,9 @@ class CompileState:
     reference: dict[str, np.ndarray] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     pe_tables: str | None = None  # "int8": position tables stored as int8 rows (pe_tables.py)
-    target_report: dict = field(default_factory=dict)  # backend sections for the manifest (e.g. npu)
+    target_report: dict = field(default_factory=dict)
+    use_tuning: bool = True  # apply targets/tuning/<target>/<graph> when it exists
+    tuning: dict = field(default_factory=dict)  # database, digest, specialized entries
 
     def dump(self, filename: str, content: str | bytes) -> None:
         if self.intermediates is not None:
@@ -111,6 +113,9 @@ def stage_legalize(st: CompileState) -> None:
         st.target_report["pe_tables"] = {"dtype": "int8", "tables": tables}
         st.log(f"  pe-tables int8: {len(tables)} stored table(s) quantized per row"
                f"{'' if tables else ' (this encoding computes its tables at run time)'}")
+    if st.spec is None:  # foreign graphs: make shape arithmetic something TVM's importer follows
+        from .legalize import legalize
+        st.model = legalize(st.model)
     st.model = get_backend(st.target.backend).legalize_onnx(st.model, st)
     st.dump("03-legalized.onnx", st.model.SerializeToString())
 
@@ -132,15 +137,43 @@ def stage_target(st: CompileState) -> None:
     st.target_options = {**{k: o["default"] for k, o in st.target.options.items() if "default" in o},
                          **st.target_options}
     st.tvm_target = get_backend(st.target.backend).tvm_target(st.target, **st.target_options)
-    st.log(f"  target: {json.dumps(dict(st.tvm_target.export()), default=list)}")
+    st.log(f"  target: {json.dumps(target_json(st.tvm_target))}")
+
+
+def stage_tuning(st: CompileState) -> None:
+    """With a tuning database for this graph and target: one static entry per tuned point."""
+    from .tune import database_dir, database_digest, specialize, specialized_name, tuned_points
+    db_dir = database_dir(st.target.name, st.name)
+    points = tuned_points(db_dir)
+    if not (st.use_tuning and points and st.io.get("dims")):
+        st.log(f"  tuning database: {'none for ' + st.name if not points else 'not used (--no-tuning)'}")
+        return
+    st.tuning = {"database": (db_dir.relative_to(ROOT) if db_dir.is_relative_to(ROOT) else db_dir).as_posix(), "digest": database_digest(db_dir),
+                 "specializations": []}
+    for point in points:
+        point = {"batch": point["batch"], "seq": point["seq"]}
+        if all(info["min"] <= point[info["role"]] <= info["max"] for info in st.io["dims"].values()):
+            st.relax = specialize(st.relax, dims=st.io["dims"], point=point)
+            st.tuning["specializations"].append({"function": specialized_name(point), **point})
 
 
 def stage_build(st: CompileState) -> None:
     import tvm
     from .backends import get_backend
     backend = get_backend(st.target.backend)
-    st.executable = tvm.compile(st.relax, target=st.tvm_target,
-                                relax_pipeline=backend.relax_pipeline(st.tvm_target))
+    pipeline = backend.relax_pipeline(st.tvm_target)
+    if st.tuning.get("specializations"):
+        from .tune import coverage, open_database, specialized_name
+        database = open_database(ROOT / st.tuning["database"])
+        for entry in st.tuning["specializations"]:
+            hits, misses = coverage(tvm.IRModule({"main": st.relax[entry["function"]]}), st.tvm_target, database)
+            entry.update(tuned_kernels=len(hits), untuned_kernels=len(misses))
+            st.log(f"  {entry['function']}: {len(hits)} tuned kernel(s), {len(misses)} miss(es) "
+                   f"{'(default schedules for: ' + ', '.join(misses[:4]) + ('...' if len(misses) > 4 else '') + ')' if misses else ''}")
+        with database:
+            st.executable = tvm.compile(st.relax, target=st.tvm_target, relax_pipeline=pipeline)
+    else:
+        st.executable = tvm.compile(st.relax, target=st.tvm_target, relax_pipeline=pipeline)
 
 
 def stage_reference(st: CompileState) -> None:
@@ -180,7 +213,7 @@ def stage_bundle(st: CompileState, dest: Path) -> Bundle:
                       "spec": st.spec.to_dict() if st.spec else None},
             "encoding": st.spec.encoding if st.spec else get_metadata(st.model).get("encoding", "unknown"),
             "target": {"name": st.target.name, "device": st.target.device, "options": st.target_options,
-                       "tvm": dict(st.tvm_target.export()), "host_arch": _target_arch(st.tvm_target)},
+                       "tvm": target_json(st.tvm_target), "host_arch": _target_arch(st.tvm_target)},
             **st.io,
             "reference": {"source": "torch" if st.spec else "onnxruntime",
                           "lengths": sorted({int(k.split('/')[0][1:]) for k in st.reference})},
@@ -189,7 +222,7 @@ def stage_bundle(st: CompileState, dest: Path) -> Bundle:
             "simplify": st.simplify,
             "versions": {"portable_pe": __version__, "torch": torch.__version__.split("+")[0],
                          "onnx": onnx.__version__, "tvm": tvm.__version__},
-            "tuning": {"database": None},
+            "tuning": st.tuning or {"database": None},
             "timings_s": {k: round(v, 3) for k, v in st.timings.items()},
             **st.target_report,
         }
@@ -198,16 +231,17 @@ def stage_bundle(st: CompileState, dest: Path) -> Bundle:
 
 
 STAGES = [("target", stage_target), ("load", stage_load), ("export", stage_export), ("simplify", stage_simplify),
-          ("legalize", stage_legalize), ("import", stage_import), ("build", stage_build), ("reference", stage_reference),
+          ("legalize", stage_legalize), ("import", stage_import), ("tuning", stage_tuning), ("build", stage_build), ("reference", stage_reference),
           ("finalize", stage_finalize)]
 
 
 def compile_graph(source: str, *, target: str = "llvm", out: str | Path | None = None,
                   keep_intermediates: bool = False, shapes: dict[str, list[int]] | None = None,
-                  target_options: dict | None = None, pe_tables: str | None = None, log: Callable[[str], None] = print) -> Bundle:
+                  target_options: dict | None = None, pe_tables: str | None = None, tuning: bool = True, log: Callable[[str], None] = print) -> Bundle:
     """Compile a shipped graph name, a TOML spec or an .onnx file into a verified bundle.
 
     `target_options` go to the backend's tvm_target() (e.g. board= for arm, arch= for cuda).
+    `tuning=False` ignores the graph's tuning database (the "TVM untuned" build).
     Nothing is written to `out` unless every stage succeeds.
     """
     spec = load_target(target)
@@ -220,11 +254,31 @@ def compile_graph(source: str, *, target: str = "llvm", out: str | Path | None =
         shutil.rmtree(inter, ignore_errors=True)
         inter.mkdir(parents=True)
     st = CompileState(source=str(source), target=spec, intermediates=inter, shapes=shapes or {},
-                      target_options=target_options or {}, log=log, pe_tables=pe_tables)
+                      target_options=target_options or {}, log=log, pe_tables=pe_tables, use_tuning=tuning)
+    _run_stages(st, STAGES)
+    bundle = stage_bundle(st, dest)
+    log(f"[bundle] {bundle.path} ({st.timings['total']:.1f} s)")
+    return bundle
+
+
+def prepare(source: str, *, target: str = "llvm", target_options: dict | None = None,
+            log: Callable[[str], None] = print) -> CompileState:
+    """The stages up to the Relax import, for tools that build differently (tuning)."""
+    spec = load_target(target)
+    spec.require_available()
+    st = CompileState(source=str(source), target=spec, intermediates=None, shapes={},
+                      target_options=target_options or {}, log=log)
+    last = [name for name, _ in STAGES].index("import")
+    _run_stages(st, STAGES[: last + 1])
+    return st
+
+
+def _run_stages(st: CompileState, stages) -> None:
+    source = st.source
     start = time.perf_counter()
-    for name, stage in STAGES:
+    for name, stage in stages:
         t = time.perf_counter()
-        log(f"[{name}] ...")
+        st.log(f"[{name}] ...")
         try:
             stage(st)
         except (ValueError, FileNotFoundError):
@@ -235,13 +289,26 @@ def compile_graph(source: str, *, target: str = "llvm", out: str | Path | None =
                                f"{' (input shapes fixed by --shape: ' + str(st.shapes) + ')' if st.shapes else ''}") from err
         st.timings[name] = time.perf_counter() - t
     st.timings["total"] = time.perf_counter() - start
-    bundle = stage_bundle(st, dest)
-    log(f"[bundle] {bundle.path} ({st.timings['total']:.1f} s)")
-    return bundle
 
 
 def _roles(io_desc: dict) -> dict[str, str]:
     return {k: v["role"] for k, v in io_desc.get("dims", {}).items()}
+
+
+def target_json(target) -> dict:
+    """A TVM target as plain JSON, its host target included (json's default=list would
+    write a nested target as the list of its keys)."""
+    import tvm
+
+    def plain(value):
+        if isinstance(value, tvm.target.Target):
+            return plain(value.export())
+        if hasattr(value, "items"):
+            return {str(k): plain(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)) or type(value).__name__ == "Array":
+            return [plain(v) for v in value]
+        return value if isinstance(value, (bool, int, float)) or value is None else str(value)
+    return plain(target)
 
 
 def _target_arch(target) -> str:
@@ -267,7 +334,9 @@ def fix_input_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> No
 def describe_io(model: onnx.ModelProto, spec: GraphSpec | None) -> dict:
     """Inputs/outputs with dtype and dims; symbolic dims with a role (batch/seq) and bounds."""
     def value_info(vi):
-        dims = [d.dim_param or d.dim_value or "?" for d in vi.type.tensor_type.shape.dim]
+        # an unnamed dynamic dim gets the name legalize() gives it
+        dims = [d.dim_param or d.dim_value or f"{vi.name}_dim{axis}"
+                for axis, d in enumerate(vi.type.tensor_type.shape.dim)]
         dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
         return {"name": vi.name, "dtype": str(dtype), "dims": dims}
     initializers = {i.name for i in model.graph.initializer}

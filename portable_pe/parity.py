@@ -17,7 +17,8 @@ import numpy as np
 TOLERANCES = {
     "float32": {"atol": 1e-4, "rtol": 1e-4, "min_cosine": 0.9999},
     "float16": {"atol": 2e-2, "rtol": 1e-2, "min_cosine": 0.999},
-    "int8": {"atol": float("inf"), "rtol": float("inf"), "min_cosine": 0.99},
+    # int8-quantized graphs (npu): judged mainly by cosine; max abs within 10% of max|ref|
+    "int8": {"atol": 0.0, "rtol": 0.1, "min_cosine": 0.99},
 }
 DEFAULT_LENGTHS = (1, 7, 128, 300)
 
@@ -143,8 +144,11 @@ def torch_reference(spec_dict: dict):
     model = GraphSpec.from_dict(spec_dict, source="bundle manifest").build()
 
     def run(inputs):
+        feeds = {k: torch.from_numpy(v) for k, v in inputs.items()}
+        if "positions" not in feeds:  # an NPU graph has positions folded in as arange(T)
+            feeds["positions"] = torch.arange(feeds["x"].shape[1])
         with torch.no_grad():
-            out = model(**{k: torch.from_numpy(v) for k, v in inputs.items()})
+            out = model(**feeds)
         return {"hidden": out.numpy()}
     return run
 

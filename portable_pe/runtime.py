@@ -80,7 +80,20 @@ class LocalRunner:
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         check_inputs(self.manifest, inputs)
         args = [self._tensor(np.ascontiguousarray(inputs[spec["name"]])) for spec in self.manifest["inputs"]]
-        return _outputs(self.vm["main"](*args), [o["name"] for o in self.manifest["outputs"]])
+        return _outputs(self.vm[entry_for(self.manifest, inputs)](*args), [o["name"] for o in self.manifest["outputs"]])
+
+
+def entry_for(manifest: dict, inputs: dict[str, np.ndarray]) -> str:
+    """`main`, or the tuned static entry whose (batch, seq) the inputs match exactly."""
+    sizes = {}
+    for spec in manifest["inputs"]:
+        for dim, size in zip(spec["dims"], inputs[spec["name"]].shape):
+            if isinstance(dim, str):
+                sizes[manifest["dims"][dim]["role"]] = size
+    for entry in manifest.get("tuning", {}).get("specializations", []):
+        if all(sizes.get(role, entry[role]) == entry[role] for role in ("batch", "seq")):
+            return entry["function"]
+    return "main"
 
 
 def run_local(bundle: Bundle, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -4,6 +4,7 @@
 Build the board first with ``bash scripts/board_setup.sh``. Then::
 
     python scripts/board_server.py start [--port 9190] [--timeout 120]   # prints HOST:PORT
+    python scripts/board_server.py start --tracker HOST:PORT --key KEY   # register with a tracker
     python scripts/board_server.py status
     python scripts/board_server.py stop
     python scripts/board_server.py run [--runtime-only] SCRIPT.py [ARGS...]
@@ -19,7 +20,7 @@ Importable API (no TVM import on the host side)::
     board_command(script, args=(), python_args=()) -> list[str]
     board_env(runtime_only=False, base=None) -> dict
     run_on_board(script, args=(), runtime_only=False, **subprocess_kwargs) -> CompletedProcess
-    start_server(port=9190, timeout=120.0) -> (host, port)
+    start_server(port=9190, timeout=120.0, tracker=None, key="") -> (host, port)
     stop_server() -> bool
     server_status() -> dict | None
 """
@@ -50,7 +51,10 @@ logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname
 import tvm
 from tvm.rpc.server import PopenRPCServerState
 host, port, port_end = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-state = PopenRPCServerState(host, port, port_end)
+# optional: register with an RPC tracker under a key (then only tracker-granted clients connect)
+tracker = (sys.argv[4], int(sys.argv[5])) if len(sys.argv) > 5 else None
+key = sys.argv[6] if len(sys.argv) > 6 else ""
+state = PopenRPCServerState(host, port, port_end, tracker_addr=tracker, key=key)
 PopenRPCServerState.current = state
 print("BOARD_RPC_READY %s:%d tvm %s" % (host, state.port, tvm.__version__), flush=True)
 state.thread.join()
@@ -234,14 +238,23 @@ def server_status() -> dict | None:
     return state
 
 
-def start_server(port: int = DEFAULT_PORT, timeout: float = DEFAULT_TIMEOUT, quiet: bool = True) -> tuple[str, int]:
+def start_server(port: int = DEFAULT_PORT, timeout: float = DEFAULT_TIMEOUT, quiet: bool = True,
+                 tracker: tuple[str, int] | None = None, key: str = "") -> tuple[str, int]:
     """Start the board RPC server in the background (idempotent) and return (host, port).
 
-    ``port=0`` picks a free port. Waits at most ``timeout`` s for the port to accept
-    connections; raises BoardError with the log tail if the server dies or never listens."""
+    ``port=0`` picks a free port. With ``tracker=(host, port)`` the server registers with
+    that RPC tracker under ``key`` (clients then come through the tracker). Waits at most
+    ``timeout`` s for the port to accept connections; raises BoardError with the log tail
+    if the server dies or never listens."""
     p = board_paths(check=True)
     st = server_status()
+    wanted = [list(tracker), key] if tracker else None
     if st is not None:
+        if st.get("tracker") != wanted:
+            raise BoardError(
+                f"board RPC server already running on {st['host']}:{st['port']} (pid {st['pid']}) with "
+                f"tracker {st.get('tracker')}, not {wanted}; run `python scripts/board_server.py stop` first"
+            )
         if port in (0, st["port"]):
             return st["host"], st["port"]
         raise BoardError(
@@ -254,7 +267,8 @@ def start_server(port: int = DEFAULT_PORT, timeout: float = DEFAULT_TIMEOUT, qui
         raise BoardError(f"port {HOST}:{port} is already in use by another process")
 
     p.log_file.parent.mkdir(parents=True, exist_ok=True)
-    cmd = board_command(None, [HOST, str(port), str(port + 1)], python_args=["-c", _SERVER_CODE])
+    server_args = [HOST, str(port), str(port + 1), *([tracker[0], str(tracker[1]), key] if tracker else [])]
+    cmd = board_command(None, server_args, python_args=["-c", _SERVER_CODE])
     # The server needs only the runtime (modules arrive compiled), and imports 3x faster so.
     env = board_env(runtime_only=os.environ.get("PORTABLE_PE_BOARD_FULL_TVM") != "1")
     t0 = time.monotonic()
@@ -266,7 +280,8 @@ def start_server(port: int = DEFAULT_PORT, timeout: float = DEFAULT_TIMEOUT, qui
             start_new_session=True, cwd=str(p.board_dir),
         )
     p.pid_file.write_text(f"{proc.pid}\n")
-    p.state_file.write_text(json.dumps({"host": HOST, "port": port, "log": str(p.log_file), "started": time.time()}))
+    p.state_file.write_text(json.dumps({"host": HOST, "port": port, "log": str(p.log_file), "started": time.time(),
+                                        "tracker": wanted}))
 
     while True:
         rc = proc.poll()
@@ -344,6 +359,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     s = sub.add_parser("start", help="start the RPC server on the board, print HOST:PORT")
     s.add_argument("--port", type=int, default=DEFAULT_PORT, help="0 = any free port (default %(default)s)")
     s.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds to wait (default %(default)s)")
+    s.add_argument("--tracker", metavar="HOST:PORT", help="register with this TVM RPC tracker (needs --key)")
+    s.add_argument("--key", default="", help="the key to register under, e.g. rasp4b64 or board")
     sub.add_parser("stop", help="stop the RPC server")
     sub.add_parser("status", help="report the RPC server")
     sub.add_parser("paths", help="print board paths")
@@ -355,7 +372,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         if a.cmd == "start":
-            host, port = start_server(a.port, a.timeout, quiet=False)
+            tracker = None
+            if a.tracker:
+                t_host, _, t_port = a.tracker.rpartition(":")
+                if not t_host or not t_port.isdigit() or not a.key:
+                    raise BoardError(f"--tracker needs HOST:PORT and --key KEY, got {a.tracker!r} key {a.key!r}")
+                tracker = (t_host, int(t_port))
+            host, port = start_server(a.port, a.timeout, quiet=False, tracker=tracker, key=a.key)
             print(f"{host}:{port}")
         elif a.cmd == "stop":
             print("stopped" if stop_server() else "not running")

@@ -16,12 +16,12 @@ def bundle_factory(tmp_path_factory):
     from portable_pe.compile import compile_graph
     cache = {}
 
-    def build(graph: str, target: str = "llvm", **options):
-        key = (str(graph), target, tuple(sorted(options.items())))
+    def build(graph: str, target: str = "llvm", *, tuning: bool = True, **options):
+        key = (str(graph), target, tuning, tuple(sorted(options.items())))
         if key not in cache:
             out = tmp_path_factory.mktemp("bundles") / f"{Path(str(graph)).stem}-{target}"
             cache[key] = compile_graph(str(graph), target=target, out=out, log=lambda m: None,
-                                       target_options=options or None)
+                                       target_options=options or None, tuning=tuning)
         return cache[key]
     return build
 

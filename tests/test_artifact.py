@@ -19,7 +19,7 @@ def bundle_copy(tiny_bundle, tmp_path):
 
 def test_fresh_bundle_verifies(tiny_bundle):
     bundle = load_bundle(tiny_bundle.path)
-    assert set(bundle.manifest["files"]) == {"model.so", "model.onnx", "reference.npz"}
+    assert set(bundle.manifest["files"]) == {"model.so", "model.onnx", "reference.npz", "run_on_board.py"}
     assert bundle.manifest["format_version"] == FORMAT_VERSION
     assert bundle.manifest["versions"]["tvm"].startswith("0.27")
     assert bundle.manifest["target"]["tvm"]["kind"] == "llvm"

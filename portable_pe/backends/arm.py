@@ -1,0 +1,59 @@
+"""aarch64 Linux boards: NEON code cross-compiled on the workstation, run on the board.
+
+The board comes from targets/arm.toml's [options.board] table (TVM tags where TVM has
+one). The schedules are the host CPU target's, so arm follows whatever llvm does.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import tvm
+
+from . import llvm
+
+#: The cross compiler, overridable (e.g. a clang wrapper, or a toolchain outside PATH).
+CROSS_CXX_ENV = "PORTABLE_PE_AARCH64_CXX"
+CROSS_CXX = "aarch64-linux-gnu-g++"
+CROSS_PACKAGE = "g++-aarch64-linux-gnu"
+
+
+def cross_compiler() -> str:
+    """The aarch64 C++ compiler's path, or a clear error naming the package that has it."""
+    name = os.environ.get(CROSS_CXX_ENV) or CROSS_CXX
+    path = shutil.which(name)
+    if path is None:
+        raise RuntimeError(f"the arm target links model.so with the aarch64 cross compiler `{name}`, "
+                           f"which is not on PATH; install it with `apt-get install {CROSS_PACKAGE}` "
+                           f"(Debian/Ubuntu) or point {CROSS_CXX_ENV} at one")
+    return path
+
+
+def tvm_target(spec, *, board: str | None = None) -> tvm.target.Target:
+    # Fail here, before the build, rather than after minutes of compiling.
+    cross_compiler()
+    boards = spec.options["board"]["choices"]
+    board = board or spec.options["board"]["default"]
+    if board not in boards:
+        raise ValueError(f"unknown board {board!r} for target {spec.name!r}; valid: {', '.join(boards)}")
+    if not boards[board]:
+        return tvm.target.Target(dict(spec.tvm))
+    target = tvm.target.Target(boards[board])
+    if target.kind.name != "llvm":  # e.g. a Jetson tag is its GPU; its CPU is the host part
+        target = target.host
+    if target is None or "aarch64" not in str(target.attrs.get("mtriple", "")):
+        raise ValueError(f"board {board!r}: TVM tag {boards[board]!r} has no aarch64 CPU target")
+    return target
+
+
+def relax_pipeline(target):
+    return llvm.relax_pipeline(target)
+
+
+def legalize_onnx(model, state):
+    return llvm.legalize_onnx(model, state)
+
+
+def export_library(executable, path) -> None:
+    executable.export_library(str(path), fcompile=tvm.support.cc.cross_compiler(cross_compiler()))

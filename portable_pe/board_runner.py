@@ -1,0 +1,122 @@
+"""run_on_board.py: a bundle checks itself on the board, without RPC and without portable-pe.
+
+    python3 run_on_board.py [BUNDLE_DIR] [--json PATH]     (BUNDLE_DIR: default this file's folder)
+
+Needs only the standard library, numpy and the TVM runtime (TVM_USE_RUNTIME_LIB=1 is
+enough). Verifies the bundle's checksums, loads model.so, runs every length stored in
+reference.npz ("T{n}/in/{name}" -> "T{n}/out/{name}") and compares with the same rule and
+the tolerances the manifest records as portable-pe's parity harness. Exit 0 when every
+output passes, 1 on a mismatch, 2 when the bundle cannot be run here.
+"""
+
+import argparse
+import hashlib
+import json
+import platform
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def load_manifest(bundle):
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    for name, expected in manifest["files"].items():
+        if sha256(bundle / name) != expected:
+            raise SystemExit(f"run_on_board: {bundle / name} does not match its checksum in manifest.json")
+    return manifest
+
+
+def reference_cases(npz):
+    """{length: (inputs, outputs)} from reference.npz's "T{n}/in|out/{name}" keys."""
+    cases = {}
+    for key in npz.files:
+        length, kind, name = key.split("/", 2)
+        cases.setdefault(int(length[1:]), ({}, {}))[kind == "out"][name] = npz[key]
+    return dict(sorted(cases.items()))
+
+
+def compare(ref, got, tol):
+    """(max_abs, max_rel, cosine, ok, why): the rule of portable_pe.parity.compare."""
+    if got.shape != ref.shape or got.dtype != ref.dtype:
+        return np.inf, np.inf, 0.0, False, f"got {got.dtype}{list(got.shape)}, expected {ref.dtype}{list(ref.shape)}"
+    r, g = ref.astype(np.float64).ravel(), got.astype(np.float64).ravel()
+    scale = float(np.max(np.abs(r))) if r.size else 0.0
+    max_abs = float(np.max(np.abs(r - g))) if r.size else 0.0
+    denom = float(np.linalg.norm(r) * np.linalg.norm(g))
+    cosine = float(r @ g / denom) if denom else float(max_abs == 0.0)
+    ok = bool(np.all(np.isfinite(g)) and max_abs <= tol["atol"] + tol["rtol"] * scale and cosine >= tol["min_cosine"])
+    why = "" if ok else f"atol {tol['atol']:g} + rtol {tol['rtol']:g}*{scale:.3g}, min cosine {tol['min_cosine']}"
+    return max_abs, (max_abs / scale if scale else max_abs), cosine, ok, why
+
+
+def load_vm(bundle, manifest):
+    import tvm
+    from tvm.runtime.vm import VirtualMachine  # works with the runtime-only TVM
+    host = manifest["target"].get("host_arch")
+    if host and host != platform.machine():
+        raise SystemExit(f"run_on_board: {bundle} was built for {host} ({manifest['target']['name']} target); "
+                         f"this machine is {platform.machine()}")
+    device = tvm.runtime.device(manifest["target"]["device"], 0)
+    if not device.exist:
+        raise SystemExit(f"run_on_board: the bundle needs a {manifest['target']['device']} device; none here")
+    vm = VirtualMachine(tvm.runtime.load_module(str(bundle / "model.so")), device)
+    return vm, device
+
+
+def run(vm, device, manifest, inputs):
+    import tvm
+    args = [tvm.runtime.tensor(np.ascontiguousarray(inputs[i["name"]]), device=device) for i in manifest["inputs"]]
+    result = vm["main"](*args)
+    values = [result] if hasattr(result, "numpy") else list(result)
+    return {o["name"]: v.numpy() for o, v in zip(manifest["outputs"], values)}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="check this bundle on this machine against its reference.npz")
+    ap.add_argument("bundle", nargs="?", default=str(Path(__file__).resolve().parent))
+    ap.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    args = ap.parse_args(argv)
+    bundle = Path(args.bundle)
+    manifest = load_manifest(bundle)
+    vm, device = load_vm(bundle, manifest)
+    rows = []
+    with np.load(bundle / "reference.npz") as npz:
+        cases = reference_cases(npz)
+    for length, (inputs, expected) in cases.items():
+        got = run(vm, device, manifest, inputs)
+        for name, ref in expected.items():
+            out = got.get(name)
+            stats = compare(ref, out, manifest["tolerance"][str(ref.dtype)]) if out is not None else \
+                (np.inf, np.inf, 0.0, False, "missing output")
+            rows.append({"length": length, "output": name, "shape": list(ref.shape),
+                         **dict(zip(("max_abs", "max_rel", "cosine", "ok", "why"), stats))})
+    ok = bool(rows) and all(r["ok"] for r in rows)
+    print(f"### parity on board ({platform.machine()}): {manifest['graph']['name']} on "
+          f"{manifest['target']['name']} (reference: reference.npz, {manifest['reference']['source']})\n")
+    print("| candidate | T | output | shape | max abs | max rel | cosine | result |\n|---|---:|---|---|---:|---:|---:|---|")
+    for r in rows:
+        print(f"| tvm@board | {r['length']} | {r['output']} | {'x'.join(map(str, r['shape']))} | {r['max_abs']:.2e} | "
+              f"{r['max_rel']:.2e} | {r['cosine']:.6f} | {'ok' if r['ok'] else 'FAIL (' + r['why'] + ')'} |")
+    print(f"\n**{'PASS' if ok else 'FAIL'}**")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"ok": ok, "rows": rows}, indent=2))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except SystemExit as exit_:
+        if isinstance(exit_.code, str):  # our clear errors: print them, exit 2
+            print(exit_.code, file=sys.stderr)
+            sys.exit(2)
+        raise

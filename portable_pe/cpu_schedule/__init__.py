@@ -1,0 +1,53 @@
+"""Untuned CPU schedules for Relax-compiled Transformer encoders (TVM 0.27).
+
+The stock Relax CPU pipeline (``relax/backend/cpu_generic/pipeline.py``) legalizes
+and fuses operators but applies no schedule: every PrimFunc stays a serial,
+scalar loop nest.  This module adds a rule-based scheduler, in the spirit of
+``tvm.s_tir.dlight`` GPU rules, that gives every PrimFunc a parallel,
+vectorized, register-tiled CPU schedule without any tuning:
+
+* matmul / dense / batch-matmul (``C[..., i, j] += A[..., i, k] * B[..., k, j]``,
+  including 4-D attention matmuls with a symbolic sequence length) get a
+  register-blocked micro-kernel: ``i`` tiled by ``MI`` rows (unrolled), ``j``
+  tiled by ``NJ`` lanes (vectorized), the reduction innermost over the tile,
+  epilogue (bias, scale, GELU, residual ...) computed per tile;
+* row reductions (softmax, layer-norm, RMS-norm, mean ...) get one parallel
+  loop over rows, with all the row's stages computed inside it and the
+  elementwise stages vectorized;
+* everything else (transposes, RoPE slice/concat chains, splits, casts, ...)
+  gets the generic rule: parallel outer fused loop, vectorized inner loop.
+
+Symbolic extents are handled by splitting with fixed factors; TVM adds a
+predicate for the tail and the TIR ``LoopPartition`` pass peels it.
+
+Every function is scheduled independently inside ``try``: if a rule raises, the
+function is left unscheduled (logged at debug level) and the compile goes on.
+
+Public API
+----------
+``cpu_schedule_passes(target) -> list[Pass]``
+    Passes to insert after legalization/fusion, before TIR lowering.
+``cpu_pipeline(target) -> Pass``
+    A full Relax pipeline for ``tvm.compile(..., relax_pipeline=...)``.
+
+Modules
+-------
+``tir_util``   target facts (SIMD lanes, cores) and small TIR inspection helpers
+``spatial``    inlining, vectorize/parallel helpers, the generic injective rule
+``matmul``     matmul matching and the register-blocked micro-kernel schedule
+``reduction``  the row-reduction-chain rule (softmax / norms)
+``fast_math``  ``CPUFastMath``: vectorizable gelu/softmax/exp/erf/tanh
+``pipeline``   rule dispatch per PrimFunc and the Relax pass lists / pipeline
+"""
+
+from .fast_math import CPUFastMath
+from .pipeline import (
+    ApplyTuningDatabase,
+    CPUDefaultSchedule,
+    cpu_pipeline,
+    cpu_schedule_passes,
+    fusion_passes,
+    schedule_prim_func,
+)
+
+__all__ = ["cpu_schedule_passes", "cpu_pipeline", "schedule_prim_func", "CPUDefaultSchedule"]

@@ -1,0 +1,77 @@
+"""Relax-level fast math: ``CPUFastMath`` rewrites float32 gelu/softmax/exp/erf/tanh
+to TOPI's vectorizable approximations (applied before legalization)."""
+
+from __future__ import annotations
+
+import logging
+
+import tvm
+from tvm import relax
+from tvm.ir import IRModule
+
+logger = logging.getLogger(__package__)  # the pre-split module's logger name
+
+
+# --------------------------------------------------------------------------------------
+# Relax-level fast math (optional): vectorizable polynomial exp / erf / tanh
+# --------------------------------------------------------------------------------------
+# LLVM has no vector erf/exp for x86 without a vector math library, so a
+# vectorized T.erf / T.exp is scalarized into libm calls (~20 cycles/element).
+# TOPI's fast_* variants are polynomial/rational approximations (float32 error
+# well under 1e-6) that vectorize.  Applied before legalization.
+def _fast_gelu_te(x):
+    from tvm import te, topi  # pylint: disable=import-outside-toplevel
+
+    half = tvm.tirx.const(0.5, x.dtype)
+    scaled = te.compute(x.shape, lambda *i: x(*i) * tvm.tirx.const(0.7071067811865476, x.dtype),
+                        name="gelu_scaled")
+    erf = topi.fast_erf(scaled)
+    return te.compute(x.shape, lambda *i: x(*i) * (half + half * erf(*i)), name="gelu_out")
+
+
+@relax.expr_functor.mutator
+class _FastMathMutator(relax.PyExprMutator):  # pylint: disable=abstract-method
+    def visit_call_(self, call):  # pylint: disable=arguments-renamed
+        call = super().visit_call_(call)
+        op = getattr(call, "op", None)
+        name = getattr(op, "name", None)
+        if name is None or not call.args:
+            return call
+        try:
+            # TVM 0.27: Relax vars expose ``ty`` (TensorType), not ``struct_info``.
+            arg = call.args[0]
+            ty = getattr(arg, "struct_info", None) or getattr(arg, "ty", None)
+            if ty is None or str(ty.dtype) != "float32":
+                return call
+        except Exception:  # pylint: disable=broad-except
+            return call
+        from tvm import topi  # pylint: disable=import-outside-toplevel
+
+        if name == "relax.nn.gelu":
+            return self.builder_.call_te(_fast_gelu_te, call.args[0], primfunc_name_hint="fast_gelu")
+        if name == "relax.nn.softmax":
+            return self.builder_.call_te(topi.nn.fast_softmax, call.args[0], int(call.attrs.axis),
+                                         primfunc_name_hint="fast_softmax")
+        if name == "relax.exp":
+            return self.builder_.call_te(topi.fast_exp, call.args[0], primfunc_name_hint="fast_exp")
+        if name == "relax.erf":
+            return self.builder_.call_te(topi.fast_erf, call.args[0], primfunc_name_hint="fast_erf")
+        if name == "relax.tanh":
+            return self.builder_.call_te(topi.fast_tanh, call.args[0], primfunc_name_hint="fast_tanh")
+        return call
+
+
+@tvm.transform.module_pass(opt_level=0, name="CPUFastMath")
+class CPUFastMath:  # pylint: disable=too-few-public-methods
+    """Rewrite float32 gelu/softmax/exp/erf/tanh to vectorizable approximations."""
+
+    def transform_module(self, mod: IRModule, _ctx) -> IRModule:
+        mutator = _FastMathMutator(mod)
+        for gv, func in mod.functions_items():
+            if isinstance(func, relax.Function):
+                try:
+                    new_func = mutator.visit_expr(func)
+                    mutator.builder_.update_func(gv, new_func)
+                except Exception as err:  # pylint: disable=broad-except
+                    logger.debug("cpu_schedule: fast math skipped for %s: %s", gv.name_hint, err)
+        return mutator.builder_.get()

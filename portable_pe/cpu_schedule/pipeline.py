@@ -1,0 +1,193 @@
+"""Rule dispatch per PrimFunc and the Relax passes / pipeline that apply it.
+
+Every function is scheduled independently inside ``try``: if a rule raises, the
+function is left unscheduled (logged at debug level) and the compile goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import tvm
+from tvm import relax, s_tir, tirx
+from tvm.ir import IRModule
+
+from .fast_math import CPUFastMath
+from .matmul import _match_matmul, _schedule_matmul
+from .reduction import _schedule_reduction_chain
+from .spatial import _schedule_spatial_block, _try_inline_spatial
+from .tir_util import _is_spatial, _loops_are_plain, _root_block, _vector_lanes
+
+logger = logging.getLogger(__package__)  # the pre-split module's logger name
+
+_SCHEDULED_ATTR = "tirx.is_scheduled"
+
+
+# --------------------------------------------------------------------------------------
+# Entry: schedule one PrimFunc
+# --------------------------------------------------------------------------------------
+def schedule_prim_func(func: tirx.PrimFunc, target) -> tirx.PrimFunc | None:
+    """Return a scheduled copy of ``func`` or None when no rule applies."""
+    sch = s_tir.Schedule(func)
+    root = _root_block(sch)
+    blocks = list(sch.get_child_blocks(root))
+    if not blocks:
+        return None
+    lanes = _vector_lanes(target)
+    # All blocks should be directly under root with a plain loop nest.
+    for blk in blocks:
+        if not _loops_are_plain(sch, blk):
+            return None
+    blocks = _try_inline_spatial(sch, blocks)
+
+    mm = [(b, _match_matmul(sch, b)) for b in blocks]
+    mm = [(b, m) for b, m in mm if m is not None]
+    reductions = [b for b in blocks if not _is_spatial(sch, b)]
+    if len(mm) == 1 and len(reductions) == 1:
+        mm_block = mm[0][0]
+        idx = blocks.index(mm_block)
+        prologue = blocks[:idx]
+        epilogue = blocks[idx + 1:]
+        for blk in prologue:
+            _schedule_spatial_block(sch, blk, lanes)
+        if _schedule_matmul(sch, mm_block, epilogue, target):
+            return sch.mod["main"]
+        return None
+    if reductions:
+        if _schedule_reduction_chain(sch, blocks, target):
+            return sch.mod["main"]
+        return None
+    for blk in blocks:
+        _schedule_spatial_block(sch, blk, lanes)
+    return sch.mod["main"]
+
+
+def _lowers_ok(func, target) -> bool:
+    """Dry-run the schedule-sensitive part of TIR lowering on one function."""
+    try:
+        mod = IRModule({"main": func})
+        passes = [
+            s_tir.transform.CanonicalizeLoop(),
+            s_tir.transform.LowerInitBlock(),
+            s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
+            s_tir.transform.ConvertBlocksToOpaque(),
+            s_tir.transform.CompactBufferAllocation(),
+            s_tir.transform.LowerMatchBuffer(),
+            s_tir.transform.LowerOpaqueBlock(),
+            tirx.transform.FlattenBuffer(),
+            tirx.transform.VectorizeLoop(True),
+        ]
+        if target is not None:
+            with target:
+                tvm.transform.Sequential(passes)(mod)
+        else:
+            tvm.transform.Sequential(passes)(mod)
+        return True
+    except Exception as err:  # pylint: disable=broad-except
+        logger.debug("cpu_schedule: scheduled function failed to lower: %s", err)
+        return False
+
+
+@tvm.transform.module_pass(opt_level=0, name="CPUDefaultSchedule")
+class CPUDefaultSchedule:  # pylint: disable=too-few-public-methods
+    """Apply the CPU schedule rules to every unscheduled PrimFunc of a module."""
+
+    def __init__(self, target=None, validate: bool = True):
+        self.target = target
+        self.validate = validate
+
+    def transform_module(self, mod: IRModule, _ctx) -> IRModule:
+        updates = {}
+        for gv, func in mod.functions_items():
+            if not isinstance(func, tirx.PrimFunc):
+                continue
+            if func.attrs is not None and _SCHEDULED_ATTR in func.attrs and int(func.attrs[_SCHEDULED_ATTR]) == 1:
+                continue
+            target = self.target
+            if func.attrs is not None and "target" in func.attrs:
+                target = func.attrs["target"]
+            if target is None:
+                target = tvm.target.Target.current(allow_none=True)
+            try:
+                # Leave pure reshapes alone: RewriteDataflowReshape turns them
+                # into zero-copy views, which needs the unscheduled pattern.
+                if relax.analysis.has_reshape_pattern(func):
+                    continue
+            except Exception:  # pylint: disable=broad-except
+                pass
+            try:
+                new_func = schedule_prim_func(func, target)
+            except Exception as err:  # pylint: disable=broad-except
+                logger.debug("cpu_schedule: leaving %s unscheduled: %s", gv.name_hint, err)
+                new_func = None
+            if new_func is not None and (not self.validate or _lowers_ok(new_func, target)):
+                updates[gv] = new_func.with_attr(_SCHEDULED_ATTR, True)
+        for gv, func in updates.items():
+            mod[gv] = func
+        return mod
+
+
+def cpu_schedule_passes(target: "tvm.target.Target") -> list:
+    """Passes that schedule every PrimFunc for CPU (insert after FuseTIR)."""
+    return [CPUDefaultSchedule(target)]
+
+
+def fusion_passes(*, fast_math: bool = True) -> list:
+    """Everything before scheduling: tuning extracts its tasks after exactly these passes,
+    so tuned workloads hash the same as the PrimFuncs a compile later looks up."""
+    return [
+        # library dispatch
+        relax.backend.DispatchSampling(),
+        relax.backend.DispatchSortScan(),
+        *([CPUFastMath()] if fast_math else []),
+        # legalize + fuse
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+    ]
+
+
+@tvm.transform.module_pass(opt_level=0, name="ApplyTuningDatabase")
+def ApplyTuningDatabase(mod: IRModule, _ctx) -> IRModule:  # pylint: disable=invalid-name
+    """Apply the MetaSchedule database in scope, if any, to the static-shape PrimFuncs it has."""
+    from tvm.s_tir import meta_schedule as ms
+    if ms.database.Database.current() is None:
+        return mod
+    return relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(mod)
+
+
+def cpu_pipeline(target: "tvm.target.Target", fast_math: bool = True) -> tvm.transform.Pass:
+    """Full Relax pipeline for CPU: the stock cpu_generic steps plus our schedules.
+
+    ``fast_math`` rewrites float32 gelu/softmax/exp/erf/tanh to TOPI's vectorizable
+    approximations before legalization (max abs error ~1e-7 on encoder outputs).
+    """
+
+    @tvm.transform.module_pass(opt_level=0, name="PortablePECPUPipeline")
+    def _pipeline(mod: IRModule, _ctx) -> IRModule:
+        passes = [
+            *fusion_passes(fast_math=fast_math),
+            # tuned kernels first (a MetaSchedule database in scope, see tune.py), then
+            # our rules for everything still unscheduled
+            ApplyTuningDatabase,
+            *cpu_schedule_passes(target),
+            # dataflow lowering
+            relax.transform.RewriteDataflowReshape(),
+            relax.transform.ToNonDataflow(),
+            relax.transform.RemovePurityChecking(),
+            relax.transform.CallTIRRewrite(),
+            # finalize
+            relax.transform.StaticPlanBlockMemory(),
+            relax.transform.LowerAllocTensor(),
+            relax.transform.KillAfterLastUse(),
+            relax.transform.LowerRuntimeBuiltin(),
+            relax.transform.ComputePrimValue(),
+            relax.transform.VMShapeLower(),
+            relax.transform.AttachGlobalSymbol(),
+        ]
+        with target:
+            return tvm.transform.Sequential(passes)(mod)
+
+    return _pipeline

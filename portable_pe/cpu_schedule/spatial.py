@@ -1,0 +1,129 @@
+"""Spatial (injective) blocks: inlining, vectorize/parallel helpers, the generic rule.
+
+Everything that is neither a matmul nor a row reduction (transposes, RoPE
+slice/concat chains, splits, casts, ...) gets the generic rule: parallel outer
+fused loop, vectorized inner loop.
+
+Symbolic extents are handled by splitting with fixed factors; TVM adds a
+predicate for the tail and the TIR ``LoopPartition`` pass peels it.
+"""
+
+from __future__ import annotations
+
+from .tir_util import _is_spatial, _loop_extent
+
+
+def _try_inline_spatial(sch, blocks):
+    """Inline cheap injective blocks; return remaining blocks in order."""
+    changed = True
+    while changed:
+        changed = False
+        for blk in list(blocks):
+            if not _is_spatial(sch, blk):
+                continue
+            # Keep blocks whose result feeds several consumers and that contain
+            # transcendental math (e.g. softmax exp): inlining would recompute it.
+            try:
+                consumers = sch.get_consumers(blk)
+            except Exception:
+                consumers = []
+            if len(consumers) > 1 and (_has_expensive_math(sch.get(blk)) or _is_big(sch.get(blk))):
+                continue
+            try:
+                sch.compute_inline(blk)
+                blocks.remove(blk)
+                changed = True
+                break
+            except Exception:  # pylint: disable=broad-except
+                pass
+            try:
+                sch.reverse_compute_inline(blk)
+                blocks.remove(blk)
+                changed = True
+                break
+            except Exception:  # pylint: disable=broad-except
+                pass
+    return blocks
+
+
+_EXPENSIVE_OPS = ("exp", "log", "tanh", "erf", "sigmoid", "pow", "sqrt", "rsqrt", "sin", "cos")
+
+
+def _is_big(block) -> bool:
+    """Large expression (e.g. an expanded polynomial fast_exp): not worth recomputing."""
+    try:
+        return len(str(block.body)) > 600
+    except Exception:  # pylint: disable=broad-except
+        return True
+
+
+def _has_expensive_math(block) -> bool:
+    """Whether the block body calls transcendental math (or divides)."""
+    try:
+        text = str(block.body)
+    except Exception:  # pylint: disable=broad-except
+        return True
+    return any(f"{k}(" in text for k in _EXPENSIVE_OPS) or " / " in text
+
+
+def _vectorize_inner(sch, loop, lanes):
+    """Split ``loop`` by ``lanes`` and vectorize the inner part, if worthwhile.
+
+    Returns the outer loop (or the loop itself when nothing was done)."""
+    ext = _loop_extent(sch, loop)
+    if ext is not None:
+        if ext <= 1:
+            return loop
+        if ext <= lanes:
+            sch.vectorize(loop)
+            return None
+        if ext % lanes == 0:
+            outer, inner = sch.split(loop, [None, lanes])
+            sch.vectorize(inner)
+            return outer
+        # static but not divisible: vectorize the largest power-of-two divisor
+        vec = 1
+        while vec * 2 <= lanes and ext % (vec * 2) == 0:
+            vec *= 2
+        if vec >= 4:
+            outer, inner = sch.split(loop, [None, vec])
+            sch.vectorize(inner)
+            return outer
+        return loop
+    # Dynamic extent: a split would put a lane-dependent predicate in the
+    # vector body, which TVM's VectorizeLoop scalarizes (and TIR LoopPartition
+    # does not peel non-`likely` block predicates).  Leave the loop serial:
+    # LLVM's loop vectorizer handles runtime trip counts with its own epilogue.
+    return loop
+
+
+def _parallel_outer(sch, loops, min_chunk=1):
+    """Fuse the given (outer, spatial) loops and parallelize the result."""
+    loops = [l for l in loops if l is not None]
+    if not loops:
+        return None
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    sch.parallel(fused)
+    return fused
+
+
+# --------------------------------------------------------------------------------------
+# Rule: generic injective fallback
+# --------------------------------------------------------------------------------------
+def _schedule_spatial_block(sch, block, lanes, parallel=True):
+    loops = sch.get_loops(block)
+    if not loops:
+        return
+    inner = loops[-1]
+    rest = list(loops[:-1])
+    ext = _loop_extent(sch, inner)
+    # Vectorize the innermost loop when its extent is static (contiguous in
+    # practice); for a dynamic innermost dim, split and vectorize with a tail.
+    outer = _vectorize_inner(sch, inner, lanes)
+    if outer is not None and outer is not inner:
+        # keep outer part of the innermost dim serial inside the parallel loop
+        pass
+    if parallel and rest:
+        _parallel_outer(sch, rest)
+    elif parallel and outer is not None and ext is None:
+        sch.parallel(outer)

@@ -1,0 +1,118 @@
+"""Target facts and small TIR inspection helpers shared by the CPU schedule rules."""
+
+from __future__ import annotations
+
+from tvm import tirx
+
+
+# --------------------------------------------------------------------------------------
+# Target helpers
+# --------------------------------------------------------------------------------------
+def _vector_lanes(target, dtype_bits: int = 32) -> int:
+    """Number of lanes of the widest SIMD register for the given element width."""
+    bits = 128
+    try:
+        mcpu = str(target.attrs.get("mcpu", "")) if target is not None else ""
+        mattr = [str(a) for a in target.attrs.get("mattr", [])] if target is not None else []
+        mtriple = str(target.attrs.get("mtriple", "")) if target is not None else ""
+    except Exception:  # pragma: no cover - defensive
+        mcpu, mattr, mtriple = "", [], ""
+    avx512_cpus = (
+        "skylake-avx512", "cascadelake", "cooperlake", "icelake", "tigerlake",
+        "sapphirerapids", "emeraldrapids", "graniterapids", "znver4", "znver5",
+        "rocketlake", "cannonlake", "x86-64-v4",
+    )
+    avx2_cpus = (
+        "haswell", "broadwell", "skylake", "alderlake", "raptorlake", "meteorlake",
+        "znver1", "znver2", "znver3", "x86-64-v3", "core-avx2",
+    )
+    if any(a.startswith("+avx512f") for a in mattr) or any(mcpu.startswith(c) for c in avx512_cpus):
+        bits = 512
+    elif any(a.startswith("+avx2") for a in mattr) or any(mcpu.startswith(c) for c in avx2_cpus):
+        bits = 256
+    elif "aarch64" in mtriple or "arm" in mtriple:
+        bits = 128
+    return max(1, bits // max(dtype_bits, 8))
+
+
+def _num_cores(target) -> int:
+    try:
+        n = int(target.attrs.get("num-cores", 0))
+    except Exception:  # pragma: no cover
+        n = 0
+    return n if n > 0 else 1
+
+
+# --------------------------------------------------------------------------------------
+# Small TIR helpers
+# --------------------------------------------------------------------------------------
+def _const_int(expr):
+    if isinstance(expr, int):
+        return expr
+    if _node(expr) == "IntImm":
+        return int(expr.value)
+    return None
+
+
+def _loop_extent(sch, loop):
+    return _const_int(sch.get(loop).extent)
+
+
+def _root_block(sch):
+    func = sch.mod["main"]
+    return sch.get_sblock(func.body.block.name_hint)
+
+
+def _iter_kind(iv) -> str:
+    if iv.iter_type == tirx.IterVar.DataPar:
+        return "S"
+    if iv.iter_type == tirx.IterVar.CommReduce:
+        return "R"
+    return "O"
+
+
+def _block_kinds(sch, block) -> str:
+    return "".join(_iter_kind(iv) for iv in sch.get(block).iter_vars)
+
+
+def _is_spatial(sch, block) -> bool:
+    return all(k == "S" for k in _block_kinds(sch, block))
+
+
+def _loops_are_plain(sch, block) -> bool:
+    """Loops map 1:1 to block iters (normalized nest), no annotations."""
+    loops = sch.get_loops(block)
+    return len(loops) == len(sch.get(block).iter_vars)
+
+
+def _node(expr) -> str:
+    # TVM 0.27 moved PrimExpr classes to tvm.ir.prim.expr; tirx.Add etc. are not
+    # the classes of the nodes found in PrimFuncs, so compare class names.
+    return type(expr).__name__
+
+
+def _is_load(expr) -> bool:
+    # TVM 0.27: tirx.BufferLoad is a factory returning ir.TensorLoad (buffer in
+    # ``.source``); older versions have BufferLoad with ``.buffer``.
+    return _node(expr) in ("TensorLoad", "BufferLoad") and hasattr(expr, "indices")
+
+
+def _load_buffer(expr):
+    return expr.buffer if hasattr(expr, "buffer") else expr.source
+
+
+def _is_store(stmt) -> bool:
+    return hasattr(stmt, "buffer") and hasattr(stmt, "indices") and hasattr(stmt, "value")
+
+
+def _region_buffer(region):
+    # TVM 0.27: read/write regions are ir.TensorRegion with the buffer in ``.source``.
+    return region.buffer if hasattr(region, "buffer") else region.source
+
+
+def _expr_vars(expr) -> set:
+    """Free variables of a TIR expression."""
+    try:
+        return set(tirx.analysis.undefined_vars(expr, []))
+    except Exception:  # pylint: disable=broad-except
+        return set()

@@ -1,0 +1,278 @@
+"""Symbolic evaluation of a graph's small integer/shape computations.
+
+``_Sym`` evaluates every small tensor value with sympy, the dims of the graph
+inputs as (positive integer) symbols, and records which input axis each symbol
+comes from.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import onnx
+import sympy
+from onnx import helper, numpy_helper
+
+_MAX_ELEMS = 64  # only small tensors are evaluated symbolically
+_DIM_EXPR_RE = re.compile(r"^[A-Za-z0-9_+\-*/() ]+$")
+
+
+# --------------------------------------------------------------------------- #
+# symbolic values
+# --------------------------------------------------------------------------- #
+class _Sym:
+    """Symbolic evaluation state for one graph."""
+
+    def __init__(self, graph: onnx.GraphProto):
+        self.graph = graph
+        self.val: dict[str, np.ndarray] = {}  # object arrays of sympy exprs
+        self.isint: dict[str, bool] = {}
+        self.shape: dict[str, list | None] = {}
+        self.elem: dict[str, int] = {}
+        self.src: dict[sympy.Symbol, tuple[str, int]] = {}  # symbol -> (graph input, axis)
+
+        for vi in list(graph.input) + list(graph.value_info) + list(graph.output):
+            t = vi.type.tensor_type
+            if vi.type.HasField("tensor_type"):
+                self.elem[vi.name] = t.elem_type
+                self.shape[vi.name] = _dims(t) if t.HasField("shape") else None
+        init_names = {i.name for i in graph.initializer}
+        for vi in graph.input:
+            if vi.name in init_names:
+                continue
+            for ax, d in enumerate(self.shape.get(vi.name) or []):
+                if isinstance(d, sympy.Symbol) and d not in self.src:
+                    self.src[d] = (vi.name, ax)
+        for init in graph.initializer:
+            arr = numpy_helper.to_array(init)
+            self.elem[init.name] = init.data_type
+            self.shape[init.name] = [sympy.Integer(d) for d in arr.shape]
+            self._set_const(init.name, arr)
+
+    def _set_const(self, name, arr):
+        arr = np.asarray(arr)
+        if arr.size <= _MAX_ELEMS and (
+            np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)
+        ):
+            isint = bool(np.issubdtype(arr.dtype, np.integer))
+            conv = (lambda v: sympy.Integer(int(v))) if isint else (lambda v: sympy.Float(float(v)))
+            self.val[name] = np.vectorize(conv, otypes=[object])(arr) if arr.size else arr.astype(object)
+            self.isint[name] = isint
+
+    def run(self):
+        for node in self.graph.node:
+            try:
+                self._eval(node)
+            except Exception:  # pylint: disable=broad-except
+                pass  # value unknown: the node is left as it is
+
+    # one node -------------------------------------------------------------
+    def _eval(self, node: onnx.NodeProto):
+        op, ins, outs = node.op_type, list(node.input), list(node.output)
+        if node.domain not in ("", "ai.onnx"):
+            return
+        a = {x.name: helper.get_attribute_value(x) for x in node.attribute}
+        v = [self.val.get(i) if i else None for i in ins]
+        out = None
+        isint = self.isint.get(ins[0]) if ins else True
+
+        if op == "Constant":
+            if "value" in a:
+                arr = numpy_helper.to_array(a["value"])
+            elif "value_int" in a:
+                arr = np.array(a["value_int"], np.int64)
+            elif "value_ints" in a:
+                arr = np.array(a["value_ints"], np.int64)
+            elif "value_float" in a:
+                arr = np.array(a["value_float"], np.float32)
+            else:
+                return
+            self.shape[outs[0]] = [sympy.Integer(d) for d in arr.shape]
+            self._set_const(outs[0], arr)
+            return
+        if op == "Shape":
+            shp = self.shape.get(ins[0])
+            if shp is None:
+                return
+            # unknown dims become fresh placeholders: picking a known dim still works
+            shp = [sympy.Dummy("unk", integer=True, positive=True) if d is None else d for d in shp]
+            start, end = a.get("start", 0), a.get("end", None)
+            out, isint = _arr(shp[start:end]), True
+        elif op == "Size":
+            shp = self.shape.get(ins[0])
+            if shp is None or any(d is None for d in shp):
+                return
+            out, isint = np.array(sympy.Mul(*shp), dtype=object), True
+        elif any(x is None for x, i in zip(v, ins) if i) and op != "Range":
+            return
+        elif op in ("Identity", "Cast", "CastLike"):
+            out = v[0]
+            to = a.get("to") if op == "Cast" else self.elem.get(ins[1])
+            if to is not None:
+                isint = _is_int_elem(to)
+                if isint and not self.isint.get(ins[0], True):
+                    out = _vmap(lambda e: sympy.Integer(int(e)) if e.is_number else e, out)
+                elif not isint:
+                    out = _vmap(lambda e: sympy.Float(float(e)) if e.is_number else e, out)
+        elif op == "Gather":
+            out = np.take(v[0], v[1].astype(np.int64), axis=a.get("axis", 0))
+        elif op == "Slice":
+            data = v[0]
+            starts, ends = _ints(v[1]), _ints(v[2])
+            axes = _ints(v[3]) if len(v) > 3 and v[3] is not None else list(range(len(starts)))
+            steps = _ints(v[4]) if len(v) > 4 and v[4] is not None else [1] * len(starts)
+            sl = [slice(None)] * data.ndim
+            for s, e, ax, st in zip(starts, ends, axes, steps):
+                sl[ax] = slice(s, e, st)
+            out = data[tuple(sl)]
+        elif op == "Concat":
+            out = np.concatenate([x for x in v], axis=a.get("axis", 0))
+        elif op in ("Unsqueeze", "Squeeze"):
+            axes = a.get("axes") or (_ints(v[1]) if len(v) > 1 and v[1] is not None else None)
+            if op == "Unsqueeze":
+                out = v[0]
+                rank = out.ndim + len(axes)
+                for ax in sorted(x % rank for x in axes):
+                    out = np.expand_dims(out, ax)
+            else:
+                out = np.squeeze(v[0], axis=tuple(axes) if axes is not None else None)
+        elif op == "Reshape":
+            shp = [int(x) for x in _ints(v[1])]
+            shp = [v[0].shape[i] if d == 0 else d for i, d in enumerate(shp)]
+            out = v[0].reshape(shp)
+        elif op in ("Add", "Sub", "Mul", "Div", "Mod", "Max", "Min", "Pow"):
+            x, y = np.broadcast_arrays(v[0], v[1])
+            fn = {
+                "Add": lambda p, q: p + q,
+                "Sub": lambda p, q: p - q,
+                "Mul": lambda p, q: p * q,
+                "Div": (lambda p, q: sympy.floor(p / q)) if isint else (lambda p, q: p / q),
+                "Mod": lambda p, q: sympy.Mod(p, q),
+                "Max": lambda p, q: sympy.Max(p, q),
+                "Min": lambda p, q: sympy.Min(p, q),
+                "Pow": lambda p, q: p**q,
+            }[op]
+            out = np.array([fn(p, q) for p, q in zip(x.ravel(), y.ravel())], dtype=object)
+            out = out.reshape(x.shape)
+        elif op in ("Neg", "Abs", "Floor", "Ceil", "Sqrt"):
+            fn = {
+                "Neg": lambda p: -p,
+                "Abs": sympy.Abs,
+                "Floor": sympy.floor,
+                "Ceil": sympy.ceiling,
+                "Sqrt": sympy.sqrt,
+            }[op]
+            out = _vmap(fn, v[0])
+        elif op == "Equal":
+            x, y = np.broadcast_arrays(v[0], v[1])
+            res = []
+            for p, q in zip(x.ravel(), y.ravel()):
+                z = sympy.simplify(p - q).is_zero  # dims are positive symbols
+                if z is None:
+                    return
+                res.append(sympy.Integer(int(z)))
+            out, isint = np.array(res, dtype=object).reshape(x.shape), True
+        elif op == "Where":
+            c, x, y = np.broadcast_arrays(v[0], v[1], v[2])
+            out = np.array(
+                [p if bool(cc) else q for cc, p, q in zip(c.ravel(), x.ravel(), y.ravel())],
+                dtype=object,
+            ).reshape(c.shape)
+            isint = self.isint.get(ins[1], True)
+        elif op == "ConstantOfShape":
+            dims = _ints(v[0])
+            if int(np.prod(dims)) > _MAX_ELEMS:
+                return
+            fill = numpy_helper.to_array(a["value"]).ravel()[0] if "value" in a else np.float32(0)
+            isint = bool(np.issubdtype(np.asarray(fill).dtype, np.integer))
+            e = sympy.Integer(int(fill)) if isint else sympy.Float(float(fill))
+            out = np.full([int(d) for d in dims], e, dtype=object)
+        elif op == "Range":
+            if any(x is None for x in v):
+                return
+            s, lim, d = (_rational(x.ravel()[0]) for x in v)
+            if not (s.is_number and lim.is_number and d.is_number):
+                n = sympy.ceiling((lim - s) / d)
+                self.shape[outs[0]] = [sympy.simplify(n)]
+                return
+            n = max(int(np.ceil((float(lim) - float(s)) / float(d))), 0)
+            if n > _MAX_ELEMS:
+                return
+            out = np.array([s + d * k for k in range(n)], dtype=object)
+        else:
+            return
+        if out is None:
+            return
+        out = np.asarray(out, dtype=object)
+        if out.size > _MAX_ELEMS:
+            return
+        out = _vmap(sympy.simplify, out) if out.size else out
+        self.val[outs[0]] = out
+        self.isint[outs[0]] = bool(isint)
+        self.shape[outs[0]] = [sympy.Integer(d) for d in out.shape]
+
+
+def _vmap(fn, arr):
+    arr = np.asarray(arr, dtype=object)
+    flat = [fn(x) for x in arr.ravel()]
+    res = np.empty(len(flat), dtype=object)
+    res[:] = flat
+    return res.reshape(arr.shape)
+
+
+def _rational(e):
+    """Exact form of e: floats holding integers (from Cast to float) become Integers."""
+    return sympy.nsimplify(e, rational=True)
+
+
+def _arr(seq):
+    res = np.empty(len(seq), dtype=object)
+    res[:] = list(seq)
+    return res
+
+
+def _ints(arr) -> list[int]:
+    res = []
+    for e in np.asarray(arr, dtype=object).ravel():
+        if not e.is_number:
+            raise ValueError("symbolic")
+        res.append(int(e))
+    return res
+
+
+def _is_int_elem(elem: int) -> bool:
+    return elem in (
+        onnx.TensorProto.INT64,
+        onnx.TensorProto.INT32,
+        onnx.TensorProto.INT16,
+        onnx.TensorProto.INT8,
+        onnx.TensorProto.UINT8,
+        onnx.TensorProto.UINT16,
+        onnx.TensorProto.UINT32,
+        onnx.TensorProto.UINT64,
+        onnx.TensorProto.BOOL,
+    )
+
+
+def _dims(t) -> list:
+    res = []
+    for d in t.shape.dim:
+        if d.HasField("dim_value"):
+            res.append(sympy.Integer(d.dim_value))
+        elif d.HasField("dim_param") and not d.dim_param.startswith("unk__"):
+            p = d.dim_param
+            if p.isidentifier():
+                res.append(sympy.Symbol(p, integer=True, positive=True))
+            elif _DIM_EXPR_RE.match(p):
+                try:
+                    names = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", p))
+                    loc = {n: sympy.Symbol(n, integer=True, positive=True) for n in names}
+                    res.append(sympy.sympify(p.replace("//", "/"), locals=loc))
+                except Exception:  # pylint: disable=broad-except
+                    res.append(None)
+            else:
+                res.append(None)
+        else:
+            res.append(None)
+    return res

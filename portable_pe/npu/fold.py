@@ -1,0 +1,76 @@
+"""Fix shapes to (1, N) and fold every position computation into constants.
+
+With positions an explicit input, every position encoding is a function of that input
+alone (sin/cos of positions, table lookups, T5 buckets of position differences, ALiBi
+distances). Replacing the input by the constant arange(N) makes all of it constant, and
+onnxsim's constant folding turns it into tables: (N, D) for absolute encodings, (N, r/2)
+cos/sin for RoPE, (H, N, N) biases for T5 and ALiBi.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+#: ops that compute positions at run time; none may survive folding (NPUs lack them, and
+#: a surviving one means the encoding still depends on something other than positions)
+RUNTIME_POSITION_OPS = ("Sin", "Cos", "Range", "Log", "Shape", "CumSum", "Abs", "Greater", "Less",
+                        "Where", "Clip", "Cast", "Div")
+
+
+def _is_position_input(vi: onnx.ValueInfoProto) -> bool:
+    t = vi.type.tensor_type
+    return t.elem_type == onnx.TensorProto.INT64 and "pos" in vi.name.lower()
+
+
+def fold_positions(model: onnx.ModelProto, *, seq_len: int, batch: int = 1) -> tuple[onnx.ModelProto, dict]:
+    """The model with inputs fixed to (batch, seq_len, ...) and positions = arange(seq_len)
+    folded in. Returns (model, report) where report says which inputs were folded and
+    which run-time position ops disappeared."""
+    import onnxsim
+    if seq_len < 1:
+        raise ValueError(f"--seq-len must be a positive integer, got {seq_len}")
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    graph = model.graph
+    initializers = {i.name for i in graph.initializer}
+    folded = []
+    for vi in list(graph.input):
+        if vi.name in initializers:
+            continue
+        if _is_position_input(vi):
+            if len(vi.type.tensor_type.shape.dim) != 1:
+                raise ValueError(f"position input {vi.name!r} must have rank 1 (seq,), "
+                                 f"got rank {len(vi.type.tensor_type.shape.dim)}")
+            graph.input.remove(vi)
+            graph.initializer.append(numpy_helper.from_array(np.arange(seq_len, dtype=np.int64), vi.name))
+            folded.append(vi.name)
+            continue
+        dims = vi.type.tensor_type.shape.dim
+        for axis, dim in enumerate(dims):
+            if dim.dim_value:
+                continue
+            size = batch if axis == 0 and len(dims) >= 2 else seq_len
+            dim.Clear()
+            dim.dim_value = size
+    # stale dynamic shapes in value_info/outputs would contradict the fixed ones
+    del graph.value_info[:]
+    for out in graph.output:
+        for dim in out.type.tensor_type.shape.dim:
+            if dim.dim_param:
+                dim.Clear()
+    before = Counter(n.op_type for n in graph.node)
+    simplified, ok = onnxsim.simplify(model, check_n=0, skipped_optimizers=[
+        "fuse_matmul_add_bias_into_gemm", "fuse_matmul_add_bias_into_gemm_batched"])
+    if not ok:
+        raise RuntimeError("onnxsim could not fold the fixed-shape graph")
+    after = Counter(n.op_type for n in simplified.graph.node)
+    left = {op: after[op] for op in RUNTIME_POSITION_OPS if after.get(op)}
+    report = {"seq_len": seq_len, "batch": batch, "folded_inputs": folded,
+              "nodes_before": sum(before.values()), "nodes_after": sum(after.values()),
+              "removed_ops": {op: n - after.get(op, 0) for op, n in before.items() if n > after.get(op, 0)},
+              "runtime_position_ops_left": left,
+              "constant_bytes": sum(numpy_helper.to_array(i).nbytes for i in simplified.graph.initializer)}
+    return simplified, report

@@ -1,0 +1,148 @@
+"""Rewrite ops a profile lacks into ops it has, on the folded fp32 graph.
+
+Each rule fires only when the profile refuses the original form, so a permissive profile
+keeps the graph as exported. Rules (and why they are exact or not):
+
+    Gelu               -> Erf form (exact) if the profile has Erf, else the tanh
+                          approximation (max error ~1e-3, below int8 resolution)
+    LayerNormalization -> ReduceMean/Sub/Mul/Add/Sqrt/Div (exact up to rounding)
+    Split              -> one Slice per output (exact)
+    Softmax on axis a  -> Transpose(a<->k), Softmax(axis=k), Transpose back, when the
+                          profile allows only axis k (exact)
+    rank-5 tensors     -> the unit batch axis dropped between the Reshape that makes them
+                          and the Reshape that ends them (exact; batch is fixed to 1)
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from .profiles import Profile, _attr
+
+
+class _Graph:
+    """Small helper to emit nodes and constants with fresh names."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self.model, self.g = model, model.graph
+        self.count = Counter()
+
+    def name(self, stem: str) -> str:
+        self.count[stem] += 1
+        return f"npu_{stem}_{self.count[stem]}"
+
+    def const(self, value, dtype=np.float32) -> str:
+        name = self.name("const")
+        self.g.initializer.append(numpy_helper.from_array(np.asarray(value, dtype), name))
+        return name
+
+    def node(self, op: str, inputs: list[str], out: str | None = None, **attrs) -> str:
+        out = out or self.name(op.lower())
+        self.new.append(helper.make_node(op, inputs, [out], name=self.name(f"n_{op.lower()}"), **attrs))
+        return out
+
+
+def _gelu(G, n, p: Profile) -> bool:
+    x, y = n.input[0], n.output[0]
+    if "Erf" in p.ops:
+        e = G.node("Erf", [G.node("Mul", [x, G.const(1 / math.sqrt(2))])])
+    elif "Tanh" in p.ops:
+        cube = G.node("Mul", [x, G.node("Mul", [x, x])])
+        inner = G.node("Add", [x, G.node("Mul", [cube, G.const(0.044715)])])
+        e = G.node("Tanh", [G.node("Mul", [inner, G.const(math.sqrt(2 / math.pi))])])
+    else:
+        return False
+    G.node("Mul", [G.node("Mul", [x, G.const(0.5)]), G.node("Add", [e, G.const(1.0)])], out=y)
+    return True
+
+
+def _layer_norm(G, n, p: Profile) -> bool:
+    if not {"ReduceMean", "Sub", "Mul", "Add"} <= set(p.ops):
+        return False
+    x, scale = n.input[0], n.input[1]
+    bias = n.input[2] if len(n.input) > 2 and n.input[2] else None
+    axis, eps = _attr(n, "axis"), _attr(n, "epsilon")
+    axes = G.const([-1 if axis in (None, -1) else axis], np.int64)
+    mean = G.node("ReduceMean", [x, axes], keepdims=1)
+    d = G.node("Sub", [x, mean])
+    var = G.node("ReduceMean", [G.node("Mul", [d, d]), axes], keepdims=1)
+    var_eps = G.node("Add", [var, G.const(1e-5 if eps is None else eps)])
+    if {"Sqrt", "Div"} <= set(p.ops):
+        normed = G.node("Div", [d, G.node("Sqrt", [var_eps])])
+    elif "Pow" in p.ops:
+        normed = G.node("Mul", [d, G.node("Pow", [var_eps, G.const(-0.5)])])
+    else:
+        return False
+    scaled = G.node("Mul", [normed, scale], out=None if bias else n.output[0])
+    if bias:
+        G.node("Add", [scaled, bias], out=n.output[0])
+    return True
+
+
+def _split(G, n, p: Profile, shapes, consts) -> bool:
+    if "Slice" not in p.ops or len(n.input) < 2 or n.input[1] not in consts:
+        return False
+    axis = _attr(n, "axis") or 0
+    start = 0
+    for out, size in zip(n.output, consts[n.input[1]].tolist()):
+        G.node("Slice", [n.input[0], G.const([start], np.int64), G.const([start + size], np.int64),
+                         G.const([axis], np.int64)], out=out)
+        start += size
+    return True
+
+
+def _softmax(G, n, p: Profile, shapes, consts) -> bool:
+    allowed = p.ops.get("Softmax", {}).get("attr_axis")
+    rank = len(shapes.get(n.input[0]) or [])
+    if not allowed or not rank:
+        return False
+    axis, target = (_attr(n, "axis") if _attr(n, "axis") is not None else -1) % rank, allowed[0]
+    perm = list(range(rank))
+    perm[axis], perm[target] = perm[target], perm[axis]  # a swap is its own inverse
+    t = G.node("Transpose", [n.input[0]], perm=perm)
+    G.node("Transpose", [G.node("Softmax", [t], axis=target)], out=n.output[0], perm=perm)
+    return True
+
+
+def refused(n, p: Profile, shapes) -> bool:
+    """Does the profile refuse this node as it stands (op or an attr constraint)?"""
+    if n.op_type not in p.ops:
+        return True
+    if n.op_type == "Softmax" and "attr_axis" in p.ops["Softmax"]:
+        rank = len(shapes.get(n.input[0]) or []) or 1
+        axis = _attr(n, "axis")
+        return (-1 if axis is None else axis) % rank not in p.ops["Softmax"]["attr_axis"]
+    return False
+
+
+def rewrite_for_profile(model: onnx.ModelProto, profile: Profile) -> tuple[onnx.ModelProto, dict]:
+    """The model with refused ops rewritten; report counts what was rewritten."""
+    from .rank import drop_unit_batch_axis
+    from .profiles import _shapes
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    del model.graph.value_info[:]  # onnxsim's inferred shapes go stale once ranks change
+    dropped = drop_unit_batch_axis(model, max_rank=profile.max_rank)
+    del model.graph.value_info[:]
+    shapes = _shapes(model)
+    consts = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    G = _Graph(model)
+    rules = {"Gelu": lambda n: _gelu(G, n, profile), "LayerNormalization": lambda n: _layer_norm(G, n, profile),
+             "Split": lambda n: _split(G, n, profile, shapes, consts),
+             "Softmax": lambda n: _softmax(G, n, profile, shapes, consts)}
+    done, nodes = Counter(), []
+    for n in model.graph.node:
+        G.new = []
+        if n.op_type in rules and refused(n, profile, shapes) and rules[n.op_type](n):
+            nodes.extend(G.new)
+            done[n.op_type] += 1
+        else:
+            nodes.append(n)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    onnx.checker.check_model(model)
+    return model, {"rewritten": dict(done), "rank_reduced_tensors": dropped}

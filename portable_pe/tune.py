@@ -1,0 +1,186 @@
+"""MetaSchedule tuning: one JSON database per (target, graph), applied by compile.
+
+MetaSchedule measures static shapes only, so a graph is tuned at fixed (batch, seq)
+points. A compile that finds a database adds one specialized copy of `main` per tuned
+point (`main_b1_t128`, ...) whose kernels come from the database; `main` keeps its
+dynamic shapes and the default schedules, and the runtime picks the specialized entry
+when the inputs match it exactly.
+
+    targets/tuning/<target>/<graph>/database_workload.json
+                                    database_tuning_record.json
+                                    tuned.json      (tuned points, trials, seconds)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .targets import TARGETS_DIR
+
+TUNING_DIR = TARGETS_DIR / "tuning"
+_DB_FILES = ("database_workload.json", "database_tuning_record.json")
+
+
+def database_dir(target: str, graph: str) -> Path:
+    """PORTABLE_PE_TUNING_DIR moves the databases (tests use it to keep targets/ clean)."""
+    return Path(os.environ.get("PORTABLE_PE_TUNING_DIR", TUNING_DIR)) / target / graph
+
+
+def tuned_points(db_dir: Path) -> list[dict]:
+    meta = db_dir / "tuned.json"
+    return json.loads(meta.read_text())["points"] if meta.is_file() else []
+
+
+def database_digest(db_dir: Path) -> str:
+    digest = hashlib.sha256()
+    for name in _DB_FILES:
+        digest.update((db_dir / name).read_bytes())
+    return digest.hexdigest()
+
+
+def open_database(db_dir: Path):
+    from tvm.s_tir import meta_schedule as ms
+    return ms.database.JSONDatabase(work_dir=str(db_dir), allow_missing=True)
+
+
+def specialized_name(point: dict) -> str:
+    return f"main_b{point['batch']}_t{point['seq']}"
+
+
+def specialize(mod, *, dims: dict[str, dict], point: dict):
+    """A copy of `main` with batch and seq bound to the point's values, added as a new entry."""
+    from tvm import relax
+    values = {name: point[info["role"]] for name, info in dims.items()}
+    bound = relax.transform.BindSymbolicVars(values, func_name="main")(mod)["main"]
+    name = specialized_name(point)
+    mod[name] = bound.with_attr("global_symbol", name)
+    return mod
+
+
+def fused_prim_funcs(mod, target):
+    """The PrimFuncs a compile would schedule, after exactly the compile's fusion passes."""
+    import tvm
+    from tvm import tirx
+    from .cpu_schedule import fusion_passes
+    with target:
+        fused = tvm.transform.Sequential(fusion_passes())(mod)
+    return {gv.name_hint: f for gv, f in fused.functions_items() if isinstance(f, tirx.PrimFunc)}
+
+
+def coverage(mod, target, database) -> tuple[list[str], list[str]]:
+    """(hits, misses) over a static-shape module's kernels: those the database has a
+    schedule for, and those that will get the default schedules."""
+    import tvm
+    hits, misses = [], []
+    for name, func in fused_prim_funcs(mod, target).items():
+        workload = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+        (hits if database.has_workload(workload) else misses).append(name)
+    return hits, misses
+
+
+def is_rope_kernel(name: str) -> bool:
+    """Fused RoPE kernels: the q/k rotation (slices, cos/sin products, a concat or stack)
+    and the cos/sin table itself."""
+    has = lambda *words: all(w in name for w in words)  # noqa: E731
+    return has("multiply", "concatenate") or has("multiply", "stack") or "cos" in name or "sin" in name
+
+
+def rpc_runner(tracker: str, key: str | None):
+    """MetaSchedule's RPC runner: candidates are measured on boards registered at a TVM RPC
+    tracker under `key` (start boards with `python -m tvm.exec.rpc_server --tracker HOST:PORT
+    --key KEY`; the emulated board: scripts/board_server.py start --tracker ... --key ...)."""
+    from tvm.s_tir import meta_schedule as ms
+    host, _, port = tracker.rpartition(":")
+    if not host or not port.isdigit() or not key:
+        raise ValueError(f"--rpc-tracker expects HOST:PORT and --rpc-key a key, got {tracker!r} / {key!r}")
+    return ms.runner.RPCRunner(ms.runner.RPCConfig(tracker_host=host, tracker_port=int(port),
+                                                   tracker_key=key, session_timeout_sec=120))
+
+
+def _builder(st):
+    """Candidates are linked the way the target's bundles are (the aarch64 cross compiler for arm)."""
+    from tvm.s_tir import meta_schedule as ms
+    from .backends import get_backend
+    if st.target.backend == "llvm":
+        return "local"
+    backend = get_backend(st.target.backend)
+
+    def export(module) -> str:
+        import tempfile
+        path = tempfile.mktemp(suffix=".so", prefix="tune-")
+        backend.export_library(module, path)
+        return path
+    return ms.builder.LocalBuilder(f_export=export)
+
+
+@dataclass
+class TuneResult:
+    db_dir: Path
+    point: dict
+    tasks: int
+    trials: int
+    seconds: float
+
+
+def tune_graph(source: str, *, target: str = "llvm", batch: int = 1, seq: int = 128, trials: int = 64,
+               only: str | None = None, runner=None, log: Callable[[str], None] = print) -> TuneResult:
+    """Tune the graph's kernels at (batch, seq), task by task, into its database.
+
+    `only="rope"` tunes the RoPE kernels alone; `runner` is a MetaSchedule runner
+    (default: local; pass ms.runner.RPCRunner for boards behind a TVM RPC tracker).
+    """
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+    from .compile import prepare
+    if only not in (None, "rope"):
+        raise ValueError(f"--only takes 'rope', got {only!r}")
+    st = prepare(source, target=target, log=log)
+    point = {"batch": batch, "seq": seq}
+    bad = [f"{name} ({info['role']}) allows {info['min']}..{info['max']}" for name, info in st.io["dims"].items()
+           if not info["min"] <= point[info["role"]] <= info["max"]]
+    if bad:
+        raise ValueError(f"cannot tune {st.name} at batch={batch} seq={seq}: {'; '.join(bad)}")
+    static = specialize(tvm.IRModule({"main": st.relax["main"]}), dims=st.io["dims"], point=point)
+    static = tvm.IRModule({"main": static[specialized_name(point)].with_attr("global_symbol", "main")})
+    funcs = fused_prim_funcs(static, st.tvm_target)
+    if only == "rope":
+        funcs = {n: f for n, f in funcs.items() if is_rope_kernel(n)}
+        if not funcs:
+            raise ValueError(f"graph {st.name} has no RoPE kernels to tune (encoding {st.spec.encoding if st.spec else '?'})")
+    db_dir = database_dir(target, st.name)
+    db_dir.mkdir(parents=True, exist_ok=True)
+    database = open_database(db_dir)
+    log(f"tuning {len(funcs)} kernel(s) of {st.name} at batch={batch} seq={seq} for {target}, "
+        f"{trials} trials each -> {db_dir}")
+    builder = _builder(st)
+    # MetaSchedule prints a task table per trial batch; its log files keep it, the console shows our bar
+    logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
+    start = time.perf_counter()
+    work = Path(db_dir.parent / f".{db_dir.name}.work")
+    for i, (name, func) in enumerate(sorted(funcs.items()), 1):
+        t = time.perf_counter()
+        with tvm.transform.PassContext(opt_level=3):
+            ms.tune_tir(mod=tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
+                        target=st.tvm_target, work_dir=str(work), max_trials_global=trials,
+                        num_trials_per_iter=min(trials, 16), database=database, builder=builder,
+                        **({"runner": runner} if runner is not None else {}))
+        elapsed = time.perf_counter() - start
+        eta = elapsed / i * (len(funcs) - i)
+        bar = "#" * int(30 * i / len(funcs))
+        log(f"  [{bar:<30}] {i}/{len(funcs)} {name[:48]:<48} {time.perf_counter() - t:5.1f} s, "
+            f"elapsed {elapsed:6.1f} s, about {eta:6.1f} s left")
+    shutil.rmtree(work, ignore_errors=True)
+    seconds = time.perf_counter() - start
+    points = [p for p in tuned_points(db_dir) if (p["batch"], p["seq"]) != (batch, seq)]
+    points.append({**point, "trials_per_task": trials, "tasks": len(funcs), "only": only,
+                   "seconds": round(seconds, 1), "target": target})
+    (db_dir / "tuned.json").write_text(json.dumps({"graph": st.name, "points": points}, indent=2) + "\n")
+    return TuneResult(db_dir, point, len(funcs), trials, seconds)

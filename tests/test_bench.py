@@ -1,0 +1,110 @@
+"""The benchmarks' plumbing on tiny sizes: every engine present, every output checked.
+No timing assertions: these machines are shared and timings mean nothing here."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import TINY_SPEC
+from portable_pe import bench
+from portable_pe.bench import ENGINES, NO_TUNING, Settings, bench_graph
+
+TINY = Settings(lengths=(8,), batches=(1,), threads=1, repeat=2, min_time_s=0.0, warmup=1)
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def eager_compile(monkeypatch):
+    """torch.compile with the eager backend: the plumbing without inductor's minute of
+    C++ compiles (the slow tests run inductor itself)."""
+    import torch
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+
+
+@pytest.fixture(scope="module")
+def rope_script():
+    spec = importlib.util.spec_from_file_location("bench_rope", ROOT / "scripts" / "bench_rope.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the script loads
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        del sys.modules[spec.name]
+
+
+def _assert_well_formed(result, *, tuned: bool):
+    assert [c.engine for c in result.cells] == list(ENGINES)
+    for cell in result.cells:
+        assert (cell.batch, cell.length) == (1, 8)
+        if cell.engine == "tvm-tuned" and not tuned:
+            assert cell.error == NO_TUNING and cell.median_ms is None
+            continue
+        assert not cell.error, f"{cell.engine}: {cell.error}"
+        assert cell.ok and cell.max_abs is not None, f"{cell.engine} output not checked or wrong"
+        assert cell.runs == TINY.repeat and cell.median_ms > 0 and cell.iqr_ms >= 0
+        assert cell.ratio_vs_peer is not None
+    assert next(c for c in result.cells if c.engine == "onnxruntime").ratio_vs_peer == 1.0
+
+
+def test_bench_graph_runs_every_engine_on_one_tiny_cell(tiny_bundle, tmp_path, eager_compile):
+    result = bench_graph(str(TINY_SPEC), settings=TINY, bundle=tiny_bundle.path, out=tmp_path, log=lambda m: None)
+    _assert_well_formed(result, tuned=False)
+    assert "| 1 | 8 |" in result.to_markdown() and NO_TUNING in result.to_markdown()
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert data["graph"] == "tiny_rope" and len(data["cells"]) == len(ENGINES)
+    assert data["environment"]["threads"] == {"torch": 1, "tvm": 1, "onnxruntime": 1}
+    assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_graph_tuned_column_and_a_failing_engine(tiny_bundle, monkeypatch, eager_compile):
+    def broken(ctx):
+        raise RuntimeError("inductor: no C++ compiler\nCppCompileError: g++ not found")
+    monkeypatch.setitem(bench.ENGINES, "torch.compile", broken)
+    result = bench_graph(str(TINY_SPEC), settings=TINY, bundle=tiny_bundle.path, tuned=tiny_bundle.path,
+                         log=lambda m: None)
+    cells = {c.engine: c for c in result.cells}
+    assert cells["torch.compile"].error == "RuntimeError: CppCompileError: g++ not found"
+    assert cells["tvm-tuned"].ok and cells["tvm-tuned"].runs == TINY.repeat
+    assert cells["tvm"].ok and cells["onnxruntime"].ok
+
+
+def test_bench_cli_defaults():
+    from portable_pe.cli import build_parser
+    args = build_parser().parse_args(["bench", "rope"])
+    assert (args.lengths, args.batch, args.threads, args.tuned) == ([128, 512], [1, 8], 2, None)
+
+
+@pytest.mark.parametrize("shape", [(1, 2, 16, 8), (2, 3, 300, 16)], ids=["tiny", "tail-block"])
+def test_rope_kernel_engines_match_float64_reference(rope_script, shape, eager_compile):
+    runs, rows = rope_script.check_engines(rope_script.Shape(*shape), threads=1)
+    assert set(rows) == set(rope_script.ENGINES)
+    for name, row in rows.items():
+        assert not row.error, f"{name}: {row.error}"
+        assert name in runs and row.max_abs_err < rope_script.ATOL
+
+
+def test_rope_kernel_report_has_bandwidth_and_ratio(rope_script, eager_compile):
+    result = rope_script.bench_rope(rope_script.Shape(1, 2, 16, 8), threads=1, repeat=2, min_time_s=0.0,
+                                    warmup=0, log=lambda m: None)
+    rows = {r["engine"]: r for r in result["rows"]}
+    assert all(r["gbps"] > 0 and r["of_copy"] > 0 for r in rows.values())
+    assert max(rows[c]["of_copy"] for c in rope_script.COPIES) == pytest.approx(1.0)
+    assert result["tvm_over_ort_speed"] > 0 and "TVM (TIR) vs onnxruntime" in rope_script.to_markdown(result)
+
+
+@pytest.mark.slow
+def test_inductor_engines_for_real(tiny_bundle, rope_script):
+    result = bench_graph(str(TINY_SPEC), settings=TINY, bundle=tiny_bundle.path, log=lambda m: None)
+    cell = next(c for c in result.cells if c.engine == "torch.compile")
+    assert cell.ok, cell.error
+    runs, rows = rope_script.check_engines(rope_script.Shape(1, 2, 16, 8), threads=1,
+                                           engines={"torch.compile": rope_script.ENGINES["torch.compile"]})
+    assert "torch.compile" in runs and np.isfinite(rows["torch.compile"].max_abs_err)

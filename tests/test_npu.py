@@ -1,0 +1,242 @@
+"""--target npu: profiles, position folding, rewrites, int8 quantization, node checks.
+
+Fast tests run on tiny (2-layer, d=64) encoders of every encoding; the shipped 4-layer
+graphs compile end to end for one (graph, profile) pair by default and for all of them
+under -m slow. Expected values come from PyTorch or numpy, never from the code under test.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+from portable_pe.encodings import ENCODINGS, alibi_slopes
+from portable_pe.graphs import GRAPHS, GraphSpec, load_graph
+from portable_pe.npu.fold import RUNTIME_POSITION_OPS, fold_positions
+from portable_pe.npu.profiles import PROFILES, check_model, coverage, format_blockers, load_profile
+from portable_pe.npu.quantize import quantize_int8
+from portable_pe.npu.rewrite import rewrite_for_profile
+from portable_pe.simplify import ort_session
+
+N = 16
+TINY_OPTIONS = {"sinusoidal": {}, "learned": {"max_len": 64}, "t5_bias": {"num_buckets": 8, "max_distance": 32},
+                "rope": {}, "rope_interleaved": {"rotary_dim": 8, "interleaved": True}, "alibi": {},
+                "hybrid": {"layers": ["rope", "t5_bias"], "t5_bias": {"num_buckets": 8, "max_distance": 32}}}
+
+
+def tiny_spec(name: str) -> GraphSpec:
+    encoding = "rope" if name == "rope_interleaved" else name
+    return GraphSpec.from_dict({"name": f"tiny_{name}", "seed": 3,
+                                "model": {"d_model": 64, "n_heads": 4, "n_layers": 2, "d_ff": 128},
+                                "encoding": {"name": encoding, **TINY_OPTIONS[name]}, "export": {"max_length": 64}})
+
+
+@pytest.fixture(scope="module")
+def simplified():
+    """(spec, simplified ONNX) per tiny graph, exported once per module."""
+    import onnxsim
+    from portable_pe.export import export_onnx
+    from portable_pe.simplify import _SKIPPED_OPTIMIZERS  # the pipeline's own onnxsim options
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            spec = tiny_spec(name)
+            model, ok = onnxsim.simplify(export_onnx(spec), check_n=0, skipped_optimizers=list(_SKIPPED_OPTIMIZERS))
+            assert ok
+            cache[name] = (spec, model)
+        return cache[name]
+    return get
+
+
+def torch_out(spec, x):
+    with torch.no_grad():
+        return spec.build()(torch.from_numpy(x), torch.arange(x.shape[1])).numpy()
+
+
+def cosine(a, b):
+    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+def test_every_encoding_has_a_tiny_graph():
+    assert set(ENCODINGS) <= set(TINY_OPTIONS), "add the new encoding to TINY_OPTIONS"
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_profile_loads_and_cites_a_vendor_list(name):
+    profile = load_profile(name)
+    assert profile.source.startswith("https://"), "a profile cites the public op list it is written from"
+    assert profile.max_rank == 4 and "MatMul" in profile.ops and "QuantizeLinear" in profile.ops
+    assert not {"Sin", "Cos", "Range", "Log"} & set(profile.ops), "run-time position ops must stay off NPUs"
+
+
+def test_unknown_profile_names_the_valid_ones():
+    with pytest.raises(ValueError, match="generic_int8"):
+        load_profile("no_such_npu")
+
+
+@pytest.mark.parametrize("name", TINY_OPTIONS)
+def test_fold_makes_positions_constant_and_keeps_values(simplified, name):
+    spec, model = simplified(name)
+    folded, report = fold_positions(model, seq_len=N)
+    assert report["folded_inputs"] == ["positions"]
+    assert [i.name for i in folded.graph.input] == ["x"]
+    assert [d.dim_value for d in folded.graph.input[0].type.tensor_type.shape.dim] == [1, N, 64]
+    left = [n.op_type for n in folded.graph.node if n.op_type in RUNTIME_POSITION_OPS]
+    assert left == [], f"run-time position ops survived folding: {left}"
+    x = np.random.default_rng(0).standard_normal((1, N, 64)).astype(np.float32)
+    np.testing.assert_allclose(ort_session(folded).run(None, {"x": x})[0], torch_out(spec, x), atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["t5_bias", "alibi"])
+def test_relative_biases_fold_to_HNN_constants(simplified, name):
+    spec, model = simplified(name)
+    folded, _ = fold_positions(model, seq_len=N)
+    if name == "alibi":  # independent of the encoding code: -slope_h * |i - j|
+        dist = np.abs(np.arange(N)[None, :] - np.arange(N)[:, None])
+        expected = -np.asarray(alibi_slopes(4))[:, None, None] * dist
+    else:
+        with torch.no_grad():
+            expected = spec.build().pe.bias(torch.arange(N)).numpy()
+    tables = [numpy_helper.to_array(i) for i in folded.graph.initializer]
+    hits = [t for t in tables if t.shape[-3:] == (4, N, N) and np.allclose(t.reshape(4, N, N), expected, atol=1e-6)]
+    assert hits, f"no (H, N, N) = (4, {N}, {N}) constant equal to the {name} bias"
+
+
+def _single_op_model(node, inputs, outputs, inits=()):
+    graph = helper.make_graph([node], "g", inputs, outputs, list(inits))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+
+
+def _vi(name, shape):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def test_rewrites_for_rknpu2_remove_refused_ops_and_keep_values():
+    rng = np.random.default_rng(0)
+    gamma, beta = rng.standard_normal(8).astype(np.float32), rng.standard_normal(8).astype(np.float32)
+    nodes = [helper.make_node("LayerNormalization", ["x", "g", "b"], ["ln"], epsilon=1e-5, axis=-1),
+             helper.make_node("Reshape", ["ln", "shape"], ["r"]),
+             helper.make_node("Softmax", ["r"], ["sm"], axis=-1),
+             helper.make_node("Gelu", ["sm"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [_vi("x", [1, 4, 8])], [_vi("y", [1, 2, 4, 4])], [
+        numpy_helper.from_array(gamma, "g"), numpy_helper.from_array(beta, "b"),
+        numpy_helper.from_array(np.array([1, 2, 4, 4], np.int64), "shape")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    profile = load_profile("rknpu2")
+    assert {v.op for v in check_model(model, profile) if not v.allowed} == {"LayerNormalization", "Softmax", "Gelu"}
+    out, report = rewrite_for_profile(model, profile)
+    assert report["rewritten"] == {"LayerNormalization": 1, "Softmax": 1, "Gelu": 1}
+    assert all(v.allowed for v in check_model(out, profile)), format_blockers(check_model(out, profile), profile)
+    x = rng.standard_normal((1, 4, 8)).astype(np.float32)
+    ln = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5) * gamma + beta
+    r = ln.reshape(1, 2, 4, 4)
+    sm = np.exp(r - r.max(-1, keepdims=True))
+    sm /= sm.sum(-1, keepdims=True)
+    gelu = 0.5 * sm * (1 + np.vectorize(math.erf)(sm / math.sqrt(2)))
+    # tanh-form Gelu differs from the erf form by < 1e-3; everything else is exact
+    np.testing.assert_allclose(ort_session(out).run(None, {"x": x})[0], gelu, atol=1e-3)
+
+
+def test_rank5_interleaved_rope_becomes_rank4(simplified):
+    spec, model = simplified("rope_interleaved")
+    folded, _ = fold_positions(model, seq_len=N)
+    profile = load_profile("generic_int8")
+    assert any("rank 5" in " ".join(v.why) for v in check_model(folded, profile))
+    out, report = rewrite_for_profile(folded, profile)
+    assert report["rank_reduced_tensors"] > 0
+    assert all(v.allowed for v in check_model(out, profile))
+    x = np.random.default_rng(1).standard_normal((1, N, 64)).astype(np.float32)
+    np.testing.assert_allclose(ort_session(out).run(None, {"x": x})[0], torch_out(spec, x), atol=1e-4)
+
+
+def test_check_reports_each_refused_node_and_why():
+    nodes = [helper.make_node("Sin", ["x"], ["s"], name="the_sin"),
+             helper.make_node("Softmax", ["s"], ["y"], name="the_softmax", axis=2)]
+    model = _single_op_model(nodes[0], [_vi("x", [1, 2, 3, 4])], [_vi("y", [1, 2, 3, 4])])
+    model.graph.node.append(nodes[1])
+    verdicts = check_model(model, load_profile("rknpu2"))
+    why = {v.node: " ".join(v.why) for v in verdicts if not v.allowed}
+    assert set(why) == {"the_sin", "the_softmax"}
+    assert "Sin is not in profile rknpu2" in why["the_sin"] and "axis=2" in why["the_softmax"]
+    text = format_blockers(verdicts, load_profile("rknpu2"))
+    assert "the_sin [Sin]" in text and "the_softmax [Softmax]" in text
+
+
+def test_coverage_counts_matmul_macs():
+    w = numpy_helper.from_array(np.ones((8, 16), np.float32), "w")
+    model = _single_op_model(helper.make_node("MatMul", ["x", "w"], ["y"]), [_vi("x", [1, 4, 8])],
+                             [_vi("y", [1, 4, 16])], [w])
+    cov = coverage(check_model(model, load_profile("generic_int8")))
+    assert cov["macs_total"] == 4 * 16 * 8 and cov["mac_coverage"] == 1.0
+
+
+def test_quantize_is_qdq_per_channel_int8_and_close(simplified):
+    spec, model = simplified("rope")
+    folded, _ = fold_positions(model, seq_len=N)
+    profile = load_profile("generic_int8")
+    q = quantize_int8(folded, profile)
+    ops = {n.op_type for n in q.graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops
+    inits = {i.name: numpy_helper.to_array(i) for i in q.graph.initializer}
+    matmul_weights = {n.input[1] for n in q.graph.node if n.op_type == "MatMul"}
+    weight_dq = [n for n in q.graph.node if n.op_type == "DequantizeLinear" and n.output[0] in matmul_weights
+                 and n.input[0] in inits]
+    # per layer: q|k|v (the exporter concatenates them into one MatMul, then Split), proj, up, down
+    assert len(weight_dq) == 4 * spec.model.n_layers
+    assert all(inits[n.input[0]].dtype == np.int8 and inits[n.input[1]].size == inits[n.input[0]].shape[1]
+               for n in weight_dq), "MatMul weights must be int8 with one scale per output channel"
+    assert all(v.allowed for v in check_model(q, profile, quantized=True))
+    x = np.random.default_rng(0).standard_normal((1, N, 64)).astype(np.float32)
+    assert cosine(ort_session(q).run(None, {"x": x})[0], torch_out(spec, x)) >= 0.99
+
+
+def test_profile_without_any_gelu_form_fails_with_the_node_list(tmp_path, simplified):
+    text = load_profile("rknpu2")
+    src = (PROFILES["rknpu2"]).read_text().replace("Tanh = {}\n", "").replace('name = "rknpu2"', 'name = "no_tanh"')
+    path = tmp_path / "no_tanh.toml"
+    path.write_text(src)
+    profile = load_profile(path)
+    spec, model = simplified("rope")
+    folded, _ = fold_positions(model, seq_len=N)
+    out, _ = rewrite_for_profile(folded, profile)
+    bad = [v for v in check_model(out, profile) if not v.allowed]
+    assert [v.op for v in bad] == ["Gelu"] * spec.model.n_layers and text.name == "rknpu2"
+    assert "Gelu is not in profile no_tanh" in format_blockers(bad, profile)
+
+
+def _check_npu_bundle(bundle, spec, n):
+    manifest, npu = bundle.manifest, bundle.manifest["npu"]
+    assert [i["dims"] for i in manifest["inputs"]] == [[1, n, spec.model.d_model]]
+    assert npu["disallowed_after_rewrite"] == 0 and npu["coverage"]["mac_coverage"] == 1.0
+    model = onnx.load(str(bundle.file("model.onnx")))
+    assert "QuantizeLinear" in {n.op_type for n in model.graph.node}
+    x = np.random.default_rng(5).standard_normal((1, n, spec.model.d_model)).astype(np.float32)
+    ref = torch_out(spec, x)
+    from portable_pe.runtime import run_local
+    assert cosine(ort_session(model).run(None, {"x": x})[0], ref) >= 0.99
+    assert cosine(run_local(bundle, {"x": x})["hidden"], ref) >= 0.99
+    assert npu["accuracy"]["tvm_int8"]["cosine"] >= 0.99 and npu["accuracy"]["onnxruntime_int8"]["cosine"] >= 0.99
+
+
+def test_compile_tiny_graph_for_npu(bundle_factory):
+    from tests.conftest import TINY_SPEC
+    bundle = bundle_factory(TINY_SPEC, "npu", profile="rknpu2", seq_len=32)
+    _check_npu_bundle(bundle, load_graph(TINY_SPEC), 32)
+    assert bundle.manifest["tolerance"]["float32"]["min_cosine"] == 0.99
+
+
+SHIPPED = [pytest.param(g, p, marks=[] if (g, p) == ("rope", "generic_int8") else [pytest.mark.slow])
+           for g in GRAPHS for p in PROFILES]
+
+
+@pytest.mark.parametrize("graph,profile", SHIPPED)
+def test_compile_shipped_graph_for_npu(bundle_factory, graph, profile):
+    bundle = bundle_factory(graph, "npu", profile=profile, seq_len=64)
+    _check_npu_bundle(bundle, load_graph(graph), 64)

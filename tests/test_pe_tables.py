@@ -1,0 +1,46 @@
+"""--pe-tables int8: per-row int8 tables, the memory they save and the error they add."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from portable_pe.graphs import GRAPHS, load_graph
+from portable_pe.pe_tables import dequantize_rows, measure, quantize_onnx_tables, quantize_rows
+
+
+def test_per_row_error_is_at_most_half_a_step():
+    table = np.random.default_rng(0).standard_normal((37, 24)).astype(np.float32) * np.arange(1, 38)[:, None]
+    q, scale = quantize_rows(table)
+    assert q.dtype == np.int8 and scale.shape == (37,)
+    step = np.abs(table).max(axis=1) / 127  # each row's own step: rows of very different ranges
+    assert np.all(np.abs(dequantize_rows(q, scale) - table) <= step[:, None] / 2 + 1e-6)
+
+
+@pytest.mark.parametrize("graph", GRAPHS)
+def test_measure_reports_memory_and_error_per_table(graph):
+    rows = measure(load_graph(graph), 128)
+    assert rows, f"{graph}: no position table measured"
+    for r in rows:
+        n_rows, n_cols = r["shape"]
+        assert r["bytes_fp32"] == 4 * n_rows * n_cols and r["bytes_int8"] == n_rows * n_cols + 4 * n_rows
+        assert r["saved"] == pytest.approx(1 - (n_cols + 4) / (4 * n_cols))
+        assert 0 < r["max_rel_err"] <= 0.5 / 127 + 1e-6, r  # half a step of the largest row
+
+
+@pytest.mark.parametrize("graph,stored", [("learned", 1), ("t5_bias", 1), ("rope", 0)])
+def test_onnx_tables_quantized_only_where_stored(graph, stored):
+    import onnxsim
+    from portable_pe.export import export_onnx
+    from portable_pe.simplify import ort_session
+    spec = load_graph(graph)
+    model, _ = onnxsim.simplify(export_onnx(spec), check_n=0)
+    out, report = quantize_onnx_tables(model)
+    assert len(report) == stored
+    x = np.random.default_rng(0).standard_normal((1, 20, spec.model.d_model)).astype(np.float32)
+    feeds = {"x": x, "positions": np.arange(20, dtype=np.int64)}
+    a, b = ort_session(model).run(None, feeds)[0], ort_session(out).run(None, feeds)[0]
+    if stored:
+        assert 0 < np.abs(a - b).max() < 0.05, "int8 tables change the output a little, not a lot"
+    else:
+        np.testing.assert_array_equal(a, b)

@@ -1,0 +1,81 @@
+"""Tuning databases: specialized entries, dispatch, coverage, and the committed databases."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import TINY_SPEC
+from portable_pe.graphs import GRAPHS
+from portable_pe.parity import check_bundle, dim_roles, make_inputs
+from portable_pe.runtime import LocalRunner, entry_for
+from portable_pe.tune import database_dir, is_rope_kernel, tuned_points
+
+
+def test_rope_kernels_are_found_only_in_rope_graphs():
+    import tvm
+    from portable_pe.compile import prepare
+    from portable_pe.tune import fused_prim_funcs, specialize, specialized_name
+    found = {}
+    for graph in ("rope", "alibi"):
+        st = prepare(graph, log=lambda m: None)
+        mod = specialize(tvm.IRModule({"main": st.relax["main"]}), dims=st.io["dims"], point={"batch": 1, "seq": 32})
+        static = tvm.IRModule({"main": mod[specialized_name({"batch": 1, "seq": 32})]})
+        found[graph] = [n for n in fused_prim_funcs(static, st.tvm_target) if is_rope_kernel(n)]
+    assert found["rope"] and not found["alibi"], found
+
+
+def test_entry_dispatch_matches_exact_points():
+    manifest = {"inputs": [{"name": "x", "dims": ["batch", "seq", 8]}, {"name": "positions", "dims": ["seq"]}],
+                "dims": {"batch": {"role": "batch"}, "seq": {"role": "seq"}},
+                "tuning": {"specializations": [{"function": "main_b1_t128", "batch": 1, "seq": 128}]}}
+    def inputs(b, t):
+        return {"x": np.zeros((b, t, 8)), "positions": np.zeros(t)}
+    assert entry_for(manifest, inputs(1, 128)) == "main_b1_t128"
+    assert entry_for(manifest, inputs(2, 128)) == "main"
+    assert entry_for(manifest, inputs(1, 127)) == "main"
+
+
+def test_committed_databases_are_applied_by_compile(bundle_factory):
+    """Every committed database belongs to a shipped graph; compile uses it, parity holds both on
+    the tuned entry (at its exact shape) and on the dynamic main (elsewhere)."""
+    committed = [g for g in GRAPHS if tuned_points(database_dir("llvm", g))]
+    assert "rope" in committed, "the default graph ships with a tuning database"
+    bundle = bundle_factory("rope")
+    entries = bundle.manifest["tuning"]["specializations"]
+    assert entries and all(e["tuned_kernels"] > 0 for e in entries), entries
+    point = entries[0]
+    inputs = make_inputs(bundle.manifest["inputs"], length=point["seq"], batch=point["batch"],
+                         dim_roles=dim_roles(bundle.manifest))
+    assert entry_for(bundle.manifest, inputs) == point["function"]
+    report = check_bundle(bundle, lengths=(7, point["seq"]), batch=point["batch"])
+    assert report.ok, report.to_markdown()
+
+
+def test_no_tuning_builds_without_the_database(bundle_factory):
+    bundle = bundle_factory("rope", tuning=False)
+    assert bundle.manifest["tuning"] == {"database": None}
+    assert LocalRunner(bundle).vm is not None
+
+
+@pytest.mark.slow
+def test_tune_then_compile_uses_every_tuned_kernel(tmp_path, monkeypatch):
+    from portable_pe.compile import compile_graph
+    from portable_pe.tune import tune_graph
+    monkeypatch.setenv("PORTABLE_PE_TUNING_DIR", str(tmp_path / "db"))
+    result = tune_graph(str(TINY_SPEC), seq=8, trials=2, only="rope", log=lambda m: None)
+    assert result.tasks > 0 and (result.db_dir / "database_tuning_record.json").stat().st_size > 0
+    bundle = compile_graph(str(TINY_SPEC), out=tmp_path / "b", log=lambda m: None)
+    (entry,) = bundle.manifest["tuning"]["specializations"]
+    assert entry["function"] == "main_b1_t8" and entry["tuned_kernels"] == result.tasks
+    assert check_bundle(bundle, lengths=(5, 8)).ok
+
+
+def test_tune_refuses_what_it_cannot_do():
+    from test_cli import cli
+    proc = cli("tune", "alibi", "--only", "rope", check_rc=2)
+    assert "graph alibi has no RoPE kernels to tune" in proc.stderr
+    proc = cli("tune", "learned", "--lengths", "600", check_rc=2)
+    assert "cannot tune learned at batch=1 seq=600: seq (seq) allows 1..512" in proc.stderr
+    proc = cli("tune", "rope", "--rpc-tracker", "localhost", check_rc=2)
+    assert "--rpc-tracker expects HOST:PORT" in proc.stderr
