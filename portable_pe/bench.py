@@ -37,6 +37,7 @@ class Settings:
     max_time_s: float = 60.0  # a slow cell stops here once it has 3 runs
     warmup: int = 3
     seed: int = 0
+    engines: tuple[str, ...] = ("torch", "torch.compile", "onnxruntime", "tvm", "tvm-tuned")
 
 
 # ----------------------------------------------------------------------------- timing
@@ -201,7 +202,7 @@ class BenchResult:
     cells: list[Cell] = field(default_factory=list)
 
     def to_markdown(self) -> str:
-        engines = list(ENGINES)
+        engines = [e for e in ENGINES if e in self.settings.get("engines", ENGINES)]
         lines = [f"### bench: {self.graph}, {self.settings['threads']} thread(s); median ms ± IQR "
                  f"(latency / {PEER})", "",
                  "| B | T | " + " | ".join(engines) + " |", "|---:|---:|" + "---|" * len(engines)]
@@ -291,7 +292,12 @@ def bench_graph(graph: str, *, settings: Settings = Settings(), tuned: str | Pat
 
     ctx = {"bundle": bundle, "tuned": tuned_bundle, "threads": settings.threads}
     engines, broken = {}, {}
+    unknown = sorted(set(settings.engines) - set(ENGINES))
+    if unknown:
+        raise ValueError(f"unknown engine(s) {unknown}; valid: {', '.join(ENGINES)}")
     for name, make in ENGINES.items():
+        if name not in settings.engines:
+            continue
         try:
             engines[name] = make(ctx)
         except Exception as err:  # a missing engine is a table cell, not a crash

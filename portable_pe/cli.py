@@ -185,7 +185,7 @@ def cmd_list(args) -> int:
 def cmd_bench(args) -> int:
     from .bench import Settings, bench_graph
     settings = Settings(lengths=tuple(args.lengths), batches=tuple(args.batch), threads=args.threads,
-                        repeat=args.repeat, min_time_s=args.min_time)
+                        repeat=args.repeat, min_time_s=args.min_time, engines=tuple(args.engines.split(",")))
     out = args.out or Path("dist") / f"bench-{Path(args.graph).stem}"
     result = bench_graph(args.graph, settings=settings, tuned=args.tuned, bundle=args.bundle, out=out,
                          log=lambda m: print(m, flush=True))
@@ -261,6 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=2, help="threads for every engine (default 2)")
     p.add_argument("--repeat", type=int, default=20, help="at least this many timed runs per cell (default 20)")
     p.add_argument("--min-time", type=float, default=2.0, help="and at least this many seconds per cell (default 2)")
+    p.add_argument("--engines", default="torch,torch.compile,onnxruntime,tvm,tvm-tuned",
+                   help="comma-separated subset of torch,torch.compile,onnxruntime,tvm,tvm-tuned (default all)")
     p.add_argument("--tuned", metavar="BUNDLE", help="a tuned llvm bundle for the 'tvm-tuned' column")
     p.add_argument("--bundle", metavar="BUNDLE", help="reuse this untuned llvm bundle instead of compiling one")
     p.add_argument("--out", type=Path, help="folder for bench.json/.md/.png and the compiled bundle "
