@@ -305,9 +305,10 @@ def bench_graph(graph: str, *, settings: Settings = Settings(), tuned: str | Pat
     reference = torch_reference(manifest["graph"]["spec"]) if manifest["graph"]["spec"] else None
     total = len(settings.batches) * len(settings.lengths)
     for i, (b, t) in enumerate(((b, t) for b in settings.batches for t in settings.lengths), 1):
-        result.cells += _bench_cell(engines, broken, reference, manifest, settings, b, t)
-        peer = next((c for c in result.cells[-len(ENGINES):] if c.engine == PEER), None)
-        log(f"[{i}/{total}] B={b} T={t}: " + "; ".join(f"{c.engine} {c.text()}" for c in result.cells[-len(ENGINES):])
+        cells = _bench_cell(engines, broken, reference, manifest, settings, b, t)
+        result.cells += cells
+        peer = next((c for c in cells if c.engine == PEER), None)
+        log(f"[{i}/{total}] B={b} T={t}: " + "; ".join(f"{c.engine} {c.text()}" for c in cells)
             + ("" if peer and peer.median_ms else " (no onnxruntime time: no ratios)"))
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
@@ -345,4 +346,4 @@ def _bench_cell(engines, broken, reference, manifest, settings, b, t) -> list[Ce
     for cell in cells.values():
         if cell.median_ms is not None and peer is not None and peer.median_ms:
             cell.ratio_vs_peer = cell.median_ms / peer.median_ms
-    return [cells[name] for name in ENGINES]
+    return [cells[name] for name in ENGINES if name in cells]

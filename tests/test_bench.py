@@ -76,6 +76,17 @@ def test_bench_graph_tuned_column_and_a_failing_engine(tiny_bundle, monkeypatch,
     assert cells["tvm"].ok and cells["onnxruntime"].ok
 
 
+def test_bench_engine_subset(tiny_bundle):
+    from dataclasses import replace
+    result = bench_graph(str(TINY_SPEC), settings=replace(TINY, engines=("onnxruntime", "tvm")),
+                         bundle=tiny_bundle.path, log=lambda m: None)
+    assert [c.engine for c in result.cells] == ["onnxruntime", "tvm"] and all(c.ok for c in result.cells)
+    assert "| B | T | onnxruntime | tvm |" in result.to_markdown()
+    with pytest.raises(ValueError, match=r"unknown engine\(s\) \['tflite'\]"):
+        bench_graph(str(TINY_SPEC), settings=replace(TINY, engines=("tflite",)), bundle=tiny_bundle.path,
+                    log=lambda m: None)
+
+
 def test_bench_cli_defaults():
     from portable_pe.cli import build_parser
     args = build_parser().parse_args(["bench", "rope"])

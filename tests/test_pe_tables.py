@@ -44,3 +44,22 @@ def test_onnx_tables_quantized_only_where_stored(graph, stored):
         assert 0 < np.abs(a - b).max() < 0.05, "int8 tables change the output a little, not a lot"
     else:
         np.testing.assert_array_equal(a, b)
+
+
+def test_llvm_bundle_with_int8_tables(tmp_path):
+    """--pe-tables int8 end to end on llvm: the stored table becomes int8 rows plus scales,
+    the bundle records the int8-table tolerance, and parity vs the fp32 reference holds."""
+    import onnx
+    from onnx import numpy_helper
+    from conftest import DATA
+    from portable_pe.compile import compile_graph
+    from portable_pe.parity import TOLERANCES, check_bundle
+    bundle = compile_graph(str(DATA / "tiny_learned.toml"), out=tmp_path / "b", pe_tables="int8", log=lambda m: None)
+    assert bundle.manifest["tolerance"]["float32"] == TOLERANCES["int8_tables"]
+    (table,) = bundle.manifest["pe_tables"]["tables"]
+    model = onnx.load(str(bundle.file("model.onnx")))
+    int8 = [i for i in model.graph.initializer if numpy_helper.to_array(i).dtype.name == "int8"]
+    assert any(numpy_helper.to_array(i).shape == (64, 64) for i in int8), [i.name for i in int8]
+    report = check_bundle(bundle, lengths=(5, 64))
+    assert report.ok, report.to_markdown()
+    assert 0 < report.worst("tvm") < 0.1  # int8 rows do add error, and not much
