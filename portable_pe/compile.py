@@ -166,10 +166,10 @@ def stage_build(st: CompileState) -> None:
     backend = get_backend(st.target.backend)
     pipeline = backend.relax_pipeline(st.tvm_target)
     if st.tuning.get("specializations"):
-        from .tune import coverage, open_database, specialized_name
+        from .tune import as_main, coverage, open_database
         database = open_database(ROOT / st.tuning["database"])
         for entry in st.tuning["specializations"]:
-            hits, misses = coverage(tvm.IRModule({"main": st.relax[entry["function"]]}), st.tvm_target, database)
+            hits, misses = coverage(as_main(st.relax, entry["function"]), st.tvm_target, database)
             entry.update(tuned_kernels=len(hits), untuned_kernels=len(misses))
             st.log(f"  {entry['function']}: {len(hits)} tuned kernel(s), {len(misses)} miss(es) "
                    f"{'(default schedules for: ' + ', '.join(misses[:4]) + ('...' if len(misses) > 4 else '') + ')' if misses else ''}")

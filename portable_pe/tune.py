@@ -65,6 +65,16 @@ def specialize(mod, *, dims: dict[str, dict], point: dict):
     return mod
 
 
+def as_main(mod, name: str):
+    """A module whose `main` is `mod[name]`, keeping every other function but the old main:
+    the ONNX importer may emit TIR helpers (e.g. `maximum`) that main calls directly."""
+    import tvm
+    drop = {"main", name}
+    out = tvm.IRModule({gv: f for gv, f in mod.functions_items() if gv.name_hint not in drop})
+    out["main"] = mod[name].with_attr("global_symbol", "main")
+    return out
+
+
 def fused_prim_funcs(mod, target):
     """The PrimFuncs a compile would schedule, after exactly the compile's fusion passes."""
     import tvm
@@ -148,8 +158,7 @@ def tune_graph(source: str, *, target: str = "llvm", batch: int = 1, seq: int = 
            if not info["min"] <= point[info["role"]] <= info["max"]]
     if bad:
         raise ValueError(f"cannot tune {st.name} at batch={batch} seq={seq}: {'; '.join(bad)}")
-    static = specialize(tvm.IRModule({"main": st.relax["main"]}), dims=st.io["dims"], point=point)
-    static = tvm.IRModule({"main": static[specialized_name(point)].with_attr("global_symbol", "main")})
+    static = as_main(specialize(st.relax, dims=st.io["dims"], point=point), specialized_name(point))
     funcs = fused_prim_funcs(static, st.tvm_target)
     if only == "rope":
         funcs = {n: f for n, f in funcs.items() if is_rope_kernel(n)}

@@ -13,14 +13,13 @@ from portable_pe.tune import database_dir, is_rope_kernel, tuned_points
 
 
 def test_rope_kernels_are_found_only_in_rope_graphs():
-    import tvm
     from portable_pe.compile import prepare
-    from portable_pe.tune import fused_prim_funcs, specialize, specialized_name
+    from portable_pe.tune import as_main, fused_prim_funcs, specialize, specialized_name
     found = {}
+    point = {"batch": 1, "seq": 32}
     for graph in ("rope", "alibi"):
         st = prepare(graph, log=lambda m: None)
-        mod = specialize(tvm.IRModule({"main": st.relax["main"]}), dims=st.io["dims"], point={"batch": 1, "seq": 32})
-        static = tvm.IRModule({"main": mod[specialized_name({"batch": 1, "seq": 32})]})
+        static = as_main(specialize(st.relax, dims=st.io["dims"], point=point), specialized_name(point))
         found[graph] = [n for n in fused_prim_funcs(static, st.tvm_target) if is_rope_kernel(n)]
     assert found["rope"] and not found["alibi"], found
 
