@@ -117,12 +117,8 @@ def torch_engine(ctx: dict, *, compiled: bool):
 
 
 def ort_engine(ctx: dict):
-    import onnxruntime as ort
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    opts.intra_op_num_threads = ctx["threads"]
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    session = ort.InferenceSession(str(ctx["bundle"].file("model.onnx")), opts, providers=["CPUExecutionProvider"])
+    from .simplify import ort_session
+    session = ort_session(ctx["bundle"].file("model.onnx"), threads=ctx["threads"], spin=False)
     names = [o.name for o in session.get_outputs()]
 
     def prepare(inputs):

@@ -24,8 +24,8 @@ import onnx
 from . import __version__
 from .artifact import Bundle, write_bundle
 from .export import export_onnx, get_metadata
-from .graphs import GRAPHS, ROOT, GraphSpec, load_graph
-from .parity import DEFAULT_LENGTHS, TOLERANCES, make_inputs, tolerance_for, onnxruntime_runner, torch_reference, usable_lengths
+from .graphs import ROOT, GraphSpec, load_graph
+from .parity import DEFAULT_LENGTHS, TOLERANCES, dim_roles, make_inputs, tolerance_for, onnxruntime_runner, torch_reference, usable_lengths
 from .targets import TargetSpec, load_target
 
 
@@ -95,7 +95,7 @@ def stage_simplify(st: CompileState) -> None:
     from .simplify import simplify_onnx
     st.io = describe_io(st.model, st.spec)
     lengths = usable_lengths(st.io, (7, 33)) or usable_lengths(st.io, (1,))
-    checks = [make_inputs(st.io["inputs"], length=n, batch=2 if st.spec else 1, dim_roles=_roles(st.io))
+    checks = [make_inputs(st.io["inputs"], length=n, batch=2 if st.spec else 1, dim_roles=dim_roles(st.io))
               for n in lengths]
     st.model, report = simplify_onnx(st.model, check_inputs=checks)
     st.simplify = {"nodes_before": report.nodes_before, "nodes_after": report.nodes_after,
@@ -188,7 +188,7 @@ def stage_reference(st: CompileState) -> None:
             onnx.save(st.model, f.name)
             run = onnxruntime_runner(f.name, [o["name"] for o in st.io["outputs"]])
     for n in lengths:
-        inputs = make_inputs(st.io["inputs"], length=n, dim_roles=_roles(st.io))
+        inputs = make_inputs(st.io["inputs"], length=n, dim_roles=dim_roles(st.io))
         for k, v in {**{f"in/{k}": v for k, v in inputs.items()},
                      **{f"out/{k}": v for k, v in run(inputs).items()}}.items():
             st.reference[f"T{n}/{k}"] = v
@@ -292,10 +292,6 @@ def _run_stages(st: CompileState, stages) -> None:
                                f"{' (input shapes fixed by --shape: ' + str(st.shapes) + ')' if st.shapes else ''}") from err
         st.timings[name] = time.perf_counter() - t
     st.timings["total"] = time.perf_counter() - start
-
-
-def _roles(io_desc: dict) -> dict[str, str]:
-    return {k: v["role"] for k, v in io_desc.get("dims", {}).items()}
 
 
 def target_json(target) -> dict:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .artifact import Bundle, BundleError, load_bundle
+from .artifact import Bundle, load_bundle
 from .parity import ParityReport, check_bundle, compare
 from .runtime import check_inputs, _outputs
 

@@ -22,8 +22,9 @@ def describe_blocking(nodes: list[dict]) -> str:
 
 
 def import_onnx(model: onnx.ModelProto, *, shape_dict: dict | None = None):
-    from .onnx_ops import import_onnx as convert
-    blocked = blocking_nodes(model)
-    if blocked:
-        raise UnsupportedOpError(f"the import cannot take {len(blocked)} node(s): {describe_blocking(blocked)}")
-    return convert(model, shape_dict=shape_dict)
+    from .onnx_ops import UnsupportedOnnxOps, import_onnx as convert
+    try:  # convert() checks every node before converting any
+        return convert(model, shape_dict=shape_dict)
+    except UnsupportedOnnxOps as err:
+        raise UnsupportedOpError(f"the import cannot take {len(err.nodes)} node(s): "
+                                 f"{describe_blocking(err.nodes)}") from None

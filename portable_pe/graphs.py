@@ -7,12 +7,12 @@ rebuild the PyTorch reference anywhere.
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from .encodings import ENCODINGS
 from .model import EncoderConfig, Encoder, build_encoder
+from .registry import read_toml, toml_registry
 
 ROOT = Path(__file__).resolve().parent.parent
 GRAPHS_DIR = ROOT / "graphs"
@@ -80,11 +80,7 @@ class GraphSpec:
         return spec
 
 
-def _graph_files() -> dict[str, Path]:
-    return {p.stem: p for p in sorted(GRAPHS_DIR.glob("*.toml"))}
-
-
-GRAPHS: dict[str, Path] = _graph_files()
+GRAPHS: dict[str, Path] = toml_registry(GRAPHS_DIR)
 
 
 def load_graph(name_or_path: str | Path) -> GraphSpec:
@@ -95,10 +91,4 @@ def load_graph(name_or_path: str | Path) -> GraphSpec:
             raise ValueError(f"unknown graph {str(name_or_path)!r}; shipped graphs: {', '.join(GRAPHS)} "
                              "(or give a .toml spec path or an .onnx file)")
         path = GRAPHS[str(name_or_path)]
-    if not path.is_file():
-        raise FileNotFoundError(f"graph spec {path} does not exist")
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as err:
-        raise ValueError(f"{path}: not valid TOML: {err}") from None
-    return GraphSpec.from_dict(data, source=str(path))
+    return GraphSpec.from_dict(read_toml(path, what="graph spec"), source=str(path))

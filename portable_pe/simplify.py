@@ -34,13 +34,18 @@ def op_counts(model: onnx.ModelProto) -> dict[str, int]:
     return dict(Counter(n.op_type for n in model.graph.node))
 
 
-def ort_session(model: onnx.ModelProto, *, threads: int = 0):
+def ort_session(model, *, threads: int = 0, spin: bool = True):
+    """An onnxruntime CPU session on a ModelProto or an .onnx path. spin=False stops idle
+    workers from spinning, which would steal the cores of whatever is timed next."""
     import onnxruntime as ort
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     if threads:
         opts.intra_op_num_threads = threads
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    if not spin:
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+    return ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
 
 
 def simplify_onnx(model: onnx.ModelProto, *, check_inputs: list[dict[str, np.ndarray]],

@@ -7,9 +7,10 @@ overrides. Nothing else in the package branches on a target's name or kind.
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .registry import read_toml, toml_registry
 
 TARGETS_DIR = Path(__file__).resolve().parent.parent / "targets"
 _KEYS = {"name", "description", "backend", "device", "planned", "tvm", "tolerance", "options"}
@@ -35,21 +36,14 @@ class TargetSpec:
             raise TargetUnavailable(f"target {self.name!r} is not available yet: {self.planned}")
 
 
-def _target_files() -> dict[str, Path]:
-    return {p.stem: p for p in sorted(TARGETS_DIR.glob("*.toml"))}
-
-
-TARGETS: dict[str, Path] = _target_files()
+TARGETS: dict[str, Path] = toml_registry(TARGETS_DIR)
 
 
 def load_target(name: str) -> TargetSpec:
     if name not in TARGETS:
         raise ValueError(f"unknown target {name!r}; valid: {', '.join(TARGETS)}")
     path = TARGETS[name]
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as err:
-        raise ValueError(f"{path}: not valid TOML: {err}") from None
+    data = read_toml(path, what="target spec")
     unknown = set(data) - _KEYS
     missing = {"name", "backend", "device", "tvm"} - set(data)
     if unknown or missing:

@@ -170,8 +170,8 @@ def onnxruntime_rope(shape, threads):
     """The standard RotaryEmbedding op (opset 23): x (B, H, T, Dh), cos/sin caches
     (B, T, Dh/2) when no position_ids are given (B=1 here: the same bytes as (T, Dh/2))."""
     import onnx
-    import onnxruntime as ort
     from onnx import TensorProto, helper
+    from portable_pe.simplify import ort_session
     cache = [shape.batch, shape.length, shape.half]
     graph = helper.make_graph(
         [helper.make_node("RotaryEmbedding", ["x", "cos", "sin"], ["y"], interleaved=0)], "rope",
@@ -181,10 +181,7 @@ def onnxruntime_rope(shape, threads):
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape.x))])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)], ir_version=10)
     onnx.checker.check_model(model)
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    session = ort_session(model, threads=threads, spin=False)
 
     def prepare(x, cos, sin):
         feeds = {"x": x, "cos": np.ascontiguousarray(np.broadcast_to(cos, cache)),

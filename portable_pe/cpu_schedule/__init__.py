@@ -50,4 +50,5 @@ from .pipeline import (
     schedule_prim_func,
 )
 
-__all__ = ["cpu_schedule_passes", "cpu_pipeline", "schedule_prim_func", "CPUDefaultSchedule"]
+__all__ = ["cpu_schedule_passes", "cpu_pipeline", "fusion_passes", "ApplyTuningDatabase", "schedule_prim_func",
+           "CPUDefaultSchedule", "CPUFastMath"]

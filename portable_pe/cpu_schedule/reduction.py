@@ -22,7 +22,6 @@ def _schedule_reduction_chain(sch, blocks, target):
         kinds = _block_kinds(sch, out_block)
         if len(loops) != len(kinds):
             return False
-        sp = [l for l, k in zip(loops, kinds) if k == "S"]
         n_lead = 0
         for k in kinds:
             if k != "S":

@@ -7,12 +7,13 @@ node, whether the NPU takes it and if not why; nodes it refuses run on the host.
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import onnx
+
+from ..registry import read_toml, toml_registry
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent.parent / "targets" / "npu"
 DEFAULT_PROFILE = "generic_int8"
@@ -40,11 +41,7 @@ class Profile:
             raise ValueError(f"profile {self.name!r} accepts sequence lengths {list(self.seq_lens)}, got --seq-len {n}")
 
 
-def _profile_files() -> dict[str, Path]:
-    return {p.stem: p for p in sorted(PROFILES_DIR.glob("*.toml"))}
-
-
-PROFILES: dict[str, Path] = _profile_files()
+PROFILES: dict[str, Path] = toml_registry(PROFILES_DIR)
 
 
 def load_profile(name_or_path: str | Path) -> Profile:
@@ -54,10 +51,7 @@ def load_profile(name_or_path: str | Path) -> Profile:
             raise ValueError(f"unknown NPU profile {str(name_or_path)!r}; valid: {', '.join(PROFILES)} "
                              "(or a path to a profile .toml)")
         path = PROFILES[str(name_or_path)]
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as err:
-        raise ValueError(f"{path}: not valid TOML: {err}") from None
+    data = read_toml(path, what="NPU profile")
     unknown, missing = set(data) - _KEYS, {"name", "source", "max_rank", "ops", "quantization"} - set(data)
     if unknown or missing:
         raise ValueError(f"{path}: unknown keys {sorted(unknown)}, missing keys {sorted(missing)}")

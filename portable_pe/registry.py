@@ -1,0 +1,24 @@
+"""TOML registries: one folder, one file per entry, the file's stem is the entry's name.
+
+Graphs (graphs/), targets (targets/) and NPU profiles (targets/npu/) are all kept this way.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+
+def toml_registry(folder: Path) -> dict[str, Path]:
+    """name -> path for every *.toml file in `folder`, sorted by name."""
+    return {p.stem: p for p in sorted(folder.glob("*.toml"))}
+
+
+def read_toml(path: Path, *, what: str) -> dict:
+    """The parsed file; a missing or malformed file is an error that names it."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} {path} does not exist")
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"{path}: not valid TOML: {err}") from None
