@@ -79,6 +79,10 @@ def _option_choices(option: str) -> list[str]:
 
 def cmd_tune(args) -> int:
     from .tune import rpc_runner, tune_graph
+    if args.recheck:
+        from .tune import recheck_graph
+        recheck_graph(args.graph, target=args.target, log=lambda m: print(m, flush=True))
+        return 0
     runner = rpc_runner(args.rpc_tracker, args.rpc_key) if args.rpc_tracker else None
     for batch in args.batch:
         for seq in args.lengths:
@@ -238,6 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=_lengths, default=[1], help="batch sizes to tune at (default 1)")
     p.add_argument("--rpc-tracker", metavar="HOST:PORT", help="measure on boards behind a TVM RPC tracker")
     p.add_argument("--rpc-key", help="the boards' key at the tracker (with --rpc-tracker)")
+    p.add_argument("--recheck", action="store_true",
+                   help="tune nothing: time the database's kernels against the default schedules again "
+                        "and keep only the faster ones (after the default schedules changed)")
 
     p = sub.add_parser("parity", help="check a bundle against its reference at several lengths")
     p.add_argument("bundle")

@@ -188,8 +188,64 @@ def tune_graph(source: str, *, target: str = "llvm", batch: int = 1, seq: int = 
             f"elapsed {elapsed:6.1f} s, about {eta:6.1f} s left")
     shutil.rmtree(work, ignore_errors=True)
     seconds = time.perf_counter() - start
-    points = [p for p in tuned_points(db_dir) if (p["batch"], p["seq"]) != (batch, seq)]
-    points.append({**point, "trials_per_task": trials, "tasks": len(funcs), "only": only,
-                   "seconds": round(seconds, 1), "target": target})
-    (db_dir / "tuned.json").write_text(json.dumps({"graph": st.name, "points": points}, indent=2) + "\n")
+    entry = {**point, "trials_per_task": trials, "tasks": len(funcs), "only": only,
+             "seconds": round(seconds, 1), "target": target}
+    _save_point(db_dir, st.name, entry)
+    if runner is None and st.target.backend == "llvm":
+        recheck(st, point, log=log)
+    else:
+        log("  tuned kernels not compared with the default schedules (that needs this machine to be the target)")
     return TuneResult(db_dir, point, len(funcs), trials, seconds)
+
+
+def _save_point(db_dir: Path, graph: str, entry: dict) -> None:
+    points = [p for p in tuned_points(db_dir) if (p["batch"], p["seq"]) != (entry["batch"], entry["seq"])]
+    points.append(entry)
+    points.sort(key=lambda p: (p["batch"], p["seq"]))
+    tmp = db_dir / "tuned.json.tmp"
+    tmp.write_text(json.dumps({"graph": graph, "points": points}, indent=2) + "\n")
+    tmp.replace(db_dir / "tuned.json")
+
+
+def recheck(st, point: dict, *, runs: int = 30, log: Callable[[str], None] = print) -> list[dict]:
+    """Time each tuned kernel against its default schedule inside the model at `point` and
+    keep only the winners in the database (tune_judge.py); records the verdicts in tuned.json."""
+    from .backends import get_backend
+    from .bench import Settings, set_threads
+    from .parity import dim_roles, make_inputs
+    from .tune_judge import judge, prune_database
+    set_threads(Settings.threads)  # judged under the threads and pool settings `bench` uses
+    db_dir = database_dir(st.target.name, st.name)
+    entry = next((p for p in tuned_points(db_dir) if (p["batch"], p["seq"]) == (point["batch"], point["seq"])), None)
+    if entry is None:
+        raise ValueError(f"{db_dir} has no tuned point at batch={point['batch']} seq={point['seq']}")
+    static = as_main(specialize(st.relax, dims=st.io["dims"], point=point), specialized_name(point))
+    values = make_inputs(st.io["inputs"], length=point["seq"], batch=point["batch"],
+                         dim_roles=dim_roles({"dims": st.io["dims"]}))
+    log(f"comparing tuned kernels with the default schedules at batch={point['batch']} seq={point['seq']} "
+        f"({runs} interleaved runs of each build)")
+    verdicts = judge(static, st.tvm_target, get_backend(st.target.backend).relax_pipeline(st.tvm_target),
+                     open_database(db_dir), [values[i["name"]] for i in st.io["inputs"]], runs=runs, log=log)
+    for v in verdicts:
+        if v["tuned_ms"] is not None:
+            log(f"  {v['kernel'][:56]:<56} default {v['default_ms']:8.3f} ms  tuned {v['tuned_ms']:8.3f} ms  "
+                f"{'kept' if v['kept'] else 'dropped'}")
+    kept = prune_database(db_dir, static, st.tvm_target, verdicts)
+    _save_point(db_dir, st.name, {**entry, "kept_kernels": kept, "kernels": verdicts})
+    log(f"  {kept} tuned kernel(s) kept, {sum(v['tuned_ms'] is not None for v in verdicts) - kept} dropped "
+        f"(the default schedule was faster)")
+    return verdicts
+
+
+def recheck_graph(source: str, *, target: str = "llvm", log: Callable[[str], None] = print) -> int:
+    """Recheck every tuned point of a graph's database (after the default schedules changed)."""
+    from .compile import prepare
+    st = prepare(source, target=target, log=lambda m: None)
+    if st.target.backend != "llvm":
+        raise ValueError(f"--recheck runs both builds on this machine, so it needs --target llvm, not {target}")
+    points = tuned_points(database_dir(target, st.name))
+    if not points:
+        raise ValueError(f"{st.name} has no tuning database for {target} to recheck")
+    for p in points:
+        recheck(st, {"batch": p["batch"], "seq": p["seq"]}, log=log)
+    return len(points)

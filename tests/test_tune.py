@@ -66,8 +66,34 @@ def test_tune_then_compile_uses_every_tuned_kernel(tmp_path, monkeypatch):
     assert result.tasks > 0 and (result.db_dir / "database_tuning_record.json").stat().st_size > 0
     bundle = compile_graph(str(TINY_SPEC), out=tmp_path / "b", log=lambda m: None)
     (entry,) = bundle.manifest["tuning"]["specializations"]
-    assert entry["function"] == "main_b1_t8" and entry["tuned_kernels"] == result.tasks
+    (point,) = tuned_points(result.db_dir)
+    # tuning ends with the recheck: every tuned kernel was judged, the winners stay
+    assert len([v for v in point["kernels"] if v["tuned_ms"] is not None]) == result.tasks
+    assert entry["function"] == "main_b1_t8" and entry["tuned_kernels"] == point["kept_kernels"]
     assert check_bundle(bundle, lengths=(5, 8)).ok
+
+
+def test_recheck_keeps_exactly_the_kernels_that_beat_the_default(tmp_path, monkeypatch):
+    """On a copy of the committed rope database: after the recheck, the database holds a
+    schedule for a kernel if and only if its verdict says the tuned one was faster."""
+    import shutil
+    from portable_pe.compile import prepare
+    from portable_pe.tune import as_main, coverage, open_database, recheck, specialize, specialized_name
+    from portable_pe.tune_judge import KEEP_MARGIN
+    shutil.copytree(database_dir("llvm", "rope"), tmp_path / "llvm" / "rope")
+    monkeypatch.setenv("PORTABLE_PE_TUNING_DIR", str(tmp_path))
+    (saved,) = tuned_points(tmp_path / "llvm" / "rope")
+    point = {"batch": saved["batch"], "seq": saved["seq"]}
+    st = prepare("rope", log=lambda m: None)
+    static = as_main(specialize(st.relax, dims=st.io["dims"], point=point), specialized_name(point))
+    before, _ = coverage(static, st.tvm_target, open_database(tmp_path / "llvm" / "rope"))
+    verdicts = recheck(st, point, runs=5, log=lambda m: None)
+    after, _ = coverage(static, st.tvm_target, open_database(tmp_path / "llvm" / "rope"))
+    assert {v["kernel"] for v in verdicts if v["tuned_ms"] is not None} == set(before)
+    assert set(after) == {v["kernel"] for v in verdicts if v["kept"]}
+    assert all(v["tuned_ms"] < v["default_ms"] * (1 - KEEP_MARGIN) for v in verdicts if v["kept"])
+    (resaved,) = tuned_points(tmp_path / "llvm" / "rope")
+    assert resaved["kernels"] == verdicts and resaved["kept_kernels"] == len(after)
 
 
 def test_tune_refuses_what_it_cannot_do():

@@ -8,9 +8,12 @@ the tile, epilogue (bias, scale, GELU, residual ...) computed per tile.
 
 from __future__ import annotations
 
+import logging
+
 from .spatial import _parallel_outer, _schedule_spatial_block, _vectorize_inner
 from .tir_util import (
     _block_kinds,
+    _const_int,
     _expr_vars,
     _is_load,
     _is_store,
@@ -19,9 +22,12 @@ from .tir_util import (
     _node,
     _region_buffer,
     _root_block,
+    _simd_registers,
     _vector_lanes,
 )
 
+
+logger = logging.getLogger("portable_pe.cpu_schedule")
 
 # --------------------------------------------------------------------------------------
 # Rule: matmul
@@ -88,6 +94,87 @@ def _match_matmul(sch, block):
     return spatial[:-2], i, j, k
 
 
+# TVM lowers a constant-size "global" buffer to a stack array only when it is under
+# runtime::kMaxStackAlloca = 1024 bytes (tirx/transform/lower_tvm_builtin.cc); any
+# bigger buffer, and any "local" one, becomes a TVMBackendAllocWorkspace heap block.
+# LLVM cannot keep a heap accumulator in registers, so every FMA is followed by a
+# store: a 128x256x1024 dense ran at 40 GFLOP/s on one znver4 core with a 4x64 tile
+# (1024 bytes), 99 GFLOP/s with a 6x32 tile (768 bytes), onnxruntime 108.
+_STACK_ARRAY_LIMIT_BYTES = 1024
+_MAX_TILE_ROWS = 8
+
+
+def _register_tile(target, lanes: int, ext_i, ext_j) -> tuple[int, int]:
+    """(MI, NJ): the accumulator tile of the micro-kernel.
+
+    NJ is two SIMD vectors, so each broadcast A element feeds two FMAs; MI rows fill the
+    SIMD register file (minus the B vectors, the broadcast and spare registers) and keep
+    the tile a stack array (see _STACK_ARRAY_LIMIT_BYTES)."""
+    nj = 2 * lanes
+    if ext_j is not None and ext_j < nj:
+        nj = lanes
+    by_registers = (_simd_registers(target) - 4) // (nj // lanes)
+    by_stack = (_STACK_ARRAY_LIMIT_BYTES - 1) // (nj * 4)
+    mi = max(1, min(by_registers, by_stack, _MAX_TILE_ROWS))
+    if ext_i is not None:
+        mi = min(mi, ext_i)
+    return mi, nj
+
+
+# Block annotation that relax.transform.SplitLayoutRewritePreproc looks for: the block
+# becomes its own PrimFunc, called on the weight constant, and FoldConstant then runs it
+# once at compile time (TVM's own CPU weight-prepack path, static_shape_tuning_pipeline).
+_LAYOUT_REWRITE_PREPROC = "meta_schedule.layout_rewrite_preproc"
+
+
+def _pack_constant_weight(sch, mm_block, j_var, nj: int) -> bool:
+    """Store a constant [K, N] weight as [N/NJ, K, NJ] panels.
+
+    The micro-kernel reads NJ consecutive columns of B for every k. In the [K, N]
+    layout those rows lie N*4 bytes apart, 4 KiB for N = 1024: every k lands in the
+    same few L1 sets, so the panel keeps falling out of L1. Packed, a panel is one
+    contiguous stream. Only weights the Relax function passes as constants
+    (``layout_free_buffers``, set by AttachAttrLayoutFreeBuffers) are packed."""
+    func = sch.mod["main"]
+    free = func.attrs.get("layout_free_buffers") if func.attrs is not None else None
+    if not free:
+        return False
+    # TVM 0.27: a PrimFunc's params are its buffers (no buffer_map)
+    free_buffers = [func.params[int(i)] for i in free]
+    stmt = sch.get(mm_block)
+    for index, region in enumerate(stmt.reads):
+        buffer = _region_buffer(region)
+        if not any(buffer.same_as(f) for f in free_buffers) or len(buffer.shape) != 2:
+            continue
+        k_ext, n_ext = (_const_int(x) for x in buffer.shape)
+        if k_ext is None or n_ext is None or n_ext % nj:
+            continue
+        loads = [x for x in _loads_of(stmt.body.value, buffer)]
+        if not loads or not all(_node(x.indices[-1]) == "Var" and x.indices[-1].same_as(j_var) for x in loads):
+            continue
+        try:
+            packed = sch.cache_read(mm_block, index, "global")
+            sch.transform_layout(mm_block, ("read", index), lambda k, n: (n // nj, k, n % nj))
+            sch.annotate(packed, _LAYOUT_REWRITE_PREPROC, True)
+        except Exception as err:  # pylint: disable=broad-except
+            # each primitive either applies or leaves the schedule as it was
+            logger.debug("cpu_schedule: weight %s left unpacked: %s", buffer.name, err)
+            return False
+        return True
+    return False
+
+
+def _loads_of(expr, buffer):
+    """Loads of ``buffer`` in a matmul update expression (Add/Mul/Cast of loads)."""
+    if _is_load(expr):
+        if _load_buffer(expr).same_as(buffer):
+            yield expr
+        return
+    for child in ("a", "b", "value"):
+        if hasattr(expr, child):
+            yield from _loads_of(getattr(expr, child), buffer)
+
+
 def _schedule_matmul(sch, mm_block, other_blocks, target):
     lanes = _vector_lanes(target)
     loops = sch.get_loops(mm_block)
@@ -97,15 +184,7 @@ def _schedule_matmul(sch, mm_block, other_blocks, target):
     ext_j = _loop_extent(sch, lj)
     ext_i = _loop_extent(sch, li)
 
-    # Register tile: MI rows x NJ columns (NJ = a few SIMD vectors).
-    nj = 4 * lanes
-    if ext_j is not None and ext_j < nj:
-        nj = max(lanes, ext_j if ext_j % lanes == 0 else lanes)
-    if ext_j is not None and ext_j % nj != 0 and ext_j % (2 * lanes) == 0:
-        nj = 2 * lanes
-    mi = 4
-    if ext_i is not None and ext_i < mi:
-        mi = ext_i
+    mi, nj = _register_tile(target, lanes, ext_i, ext_j)
 
     # Dynamic / ragged extents: pad the iteration domain up to the tile size
     # (pad_einsum adds a zero-padded copy of the inputs and a cropping
@@ -138,6 +217,9 @@ def _schedule_matmul(sch, mm_block, other_blocks, target):
     else:
         pad_producers = []
 
+    if ext_j is not None and ext_j % nj == 0:  # after pad_einsum, which wants plain indices
+        _pack_constant_weight(sch, mm_block, sch.get(mm_block).iter_vars[len(batch) + 1].var, nj)
+
     # Pad copies of the row operand (indexed by i) are made per row tile, in
     # L1, right before the micro-kernel; the others run as their own nest.
     a_side = []
@@ -164,7 +246,7 @@ def _schedule_matmul(sch, mm_block, other_blocks, target):
         # lane-dependent tail predicate (scalarized).  Accumulate in a local
         # MI x NJ tile, write it to the padded result, and run the epilogue as
         # its own exact-extent loop nest over that result.
-        wb = sch.cache_write(mm_block, 0, "local")
+        wb = sch.cache_write(mm_block, 0, "global")  # "global": a stack array, see _register_tile
         sch.reverse_compute_at(wb, jo, preserve_unit_loops=True)
         wloops = sch.get_loops(wb)
         if len(wloops) > len(batch) + 2:

@@ -15,6 +15,8 @@ from tvm.ir import IRModule
 from .fast_math import CPUFastMath
 from .matmul import _match_matmul, _schedule_matmul
 from .reduction import _schedule_reduction_chain
+from .small_work import SerialWhenSmall
+from .weight_packing import MarkConstantWeights, SplitWeightPacking
 from .spatial import _schedule_spatial_block, _try_inline_spatial
 from .tir_util import _is_spatial, _loops_are_plain, _root_block, _vector_lanes
 
@@ -172,7 +174,15 @@ def cpu_pipeline(target: "tvm.target.Target", fast_math: bool = True) -> tvm.tra
             # tuned kernels first (a MetaSchedule database in scope, see tune.py), then
             # our rules for everything still unscheduled
             ApplyTuningDatabase,
+            # which kernel arguments are constants (weights the schedules may repack);
+            # after the database, whose workloads were hashed without this attribute
+            MarkConstantWeights,
             *cpu_schedule_passes(target),
+            # packed weights: split the packing out of each kernel and run it now
+            SplitWeightPacking,
+            relax.transform.FoldConstant(),
+            # small nests skip the thread pool, whoever scheduled them
+            SerialWhenSmall(),
             # dataflow lowering
             relax.transform.RewriteDataflowReshape(),
             relax.transform.ToNonDataflow(),

@@ -35,6 +35,14 @@ def _vector_lanes(target, dtype_bits: int = 32) -> int:
     return max(1, bits // max(dtype_bits, 8))
 
 
+def _simd_registers(target) -> int:
+    """Architectural SIMD registers: 32 with AVX-512 or on aarch64 (NEON/SVE), else 16."""
+    mtriple = str(target.attrs.get("mtriple", "")) if target is not None else ""
+    if _vector_lanes(target) >= 16 or "aarch64" in mtriple:
+        return 32
+    return 16
+
+
 def _num_cores(target) -> int:
     try:
         n = int(target.attrs.get("num-cores", 0))

@@ -1,0 +1,106 @@
+"""Run a parallel loop nest serially when its work is too small to pay for the threads.
+
+Every ``T.parallel`` loop becomes one TVMBackendParallelLaunch, which wakes the pool's
+workers. A worker that sleeps between kernels (the bench's setting for every engine,
+TVM_THREAD_POOL_SPIN_COUNT=0, see bench.set_threads) takes tens of microseconds to
+wake on a virtual machine. That costs more than the kernel itself when the kernel is
+small: on the 2-core test machine, the rope encoder's bias add over 128x256 floats took
+6 us on one thread and 26-31 us on two, and its q/k/v split 26 us and 72-85 us.
+onnxruntime avoids this with a cost model that runs small ops on the calling thread;
+this pass does the same per loop nest: ``if work < limit: serial copy else: parallel``.
+The work of a nest with a symbolic sequence length is only known when it runs, so the
+test is a runtime branch; for static shapes it folds away.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import s_tir, tirx
+from tvm.sym import Analyzer
+from tvm.ir import IRModule
+
+# Loop iterations (vector lanes counted one by one) below which a nest runs serially:
+# about 15-40 us of one core's work for elementwise code, the cost of one wake-up.
+SERIAL_BELOW_ITERATIONS = 1 << 17
+
+
+def _iterations(stmt, outer_vars: set) -> tvm.tirx.PrimExpr | int:
+    """Total innermost iterations of a loop nest (an upper bound where extents vary)."""
+    kind = type(stmt).__name__
+    if kind == "For":
+        extent = stmt.extent
+        if set(tirx.analysis.undefined_vars(extent, [])) & outer_vars:
+            extent = 1  # an extent that depends on an enclosing loop: count it once
+        return extent * _iterations(stmt.body, outer_vars | {stmt.loop_var})
+    if kind == "SeqStmt":
+        total = 0
+        for item in stmt.seq:
+            total = total + _iterations(item, outer_vars)
+        return total
+    if kind == "SBlockRealize":
+        block = stmt.block
+        inner = _iterations(block.body, outer_vars | {iv.var for iv in block.iter_vars})
+        return inner + (_iterations(block.init, outer_vars) if block.init is not None else 0)
+    if kind == "IfThenElse":
+        then = _iterations(stmt.then_case, outer_vars)
+        other = _iterations(stmt.else_case, outer_vars) if stmt.else_case is not None else 0
+        return tvm.tirx.max(then, other) if not (isinstance(then, int) and isinstance(other, int)) else max(then, other)
+    return 1
+
+
+def _serial(loop):
+    return tirx.For(loop.loop_var, loop.min, loop.extent, tirx.ForKind.SERIAL, loop.body,
+                    loop.thread_binding, loop.annotations)
+
+
+def serial_when_small(func: tirx.PrimFunc, limit: int = SERIAL_BELOW_ITERATIONS) -> tirx.PrimFunc:
+    """``func`` with each top-level parallel nest guarded by a work test (or made serial)."""
+    realize = func.body
+    if type(realize).__name__ != "SBlockRealize":
+        return func
+    root = realize.block
+    body = root.body
+    items = list(body.seq) if type(body).__name__ == "SeqStmt" else [body]
+    analyzer = Analyzer()
+    changed = False
+    new_items = []
+    for stmt in items:
+        if type(stmt).__name__ != "For" or stmt.kind != tirx.ForKind.PARALLEL:
+            new_items.append(stmt)
+            continue
+        work = _iterations(stmt, set())
+        small = analyzer.simplify(work < limit) if not isinstance(work, int) else work < limit
+        if isinstance(small, bool) or type(small).__name__ == "IntImm":
+            small = bool(small if isinstance(small, bool) else small.value)
+            new_items.append(_serial(stmt) if small else stmt)
+            changed |= small
+        else:
+            new_items.append(tirx.IfThenElse(small, _serial(stmt), stmt))
+            changed = True
+    if not changed:
+        return func
+    new_body = new_items[0] if len(new_items) == 1 else tirx.SeqStmt(new_items)
+    new_root = s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, new_body, root.init,
+                            root.alloc_buffers, root.match_buffers, root.annotations)
+    new_func = func.with_body(s_tir.SBlockRealize(realize.iter_values, realize.predicate, new_root))
+    # The two copies of a nest define the same loop and block variables: give each its own.
+    return s_tir.transform.ConvertSSA()(IRModule({"main": new_func}))["main"]
+
+
+@tvm.transform.module_pass(opt_level=0, name="SerialWhenSmall")
+class SerialWhenSmall:  # pylint: disable=too-few-public-methods
+    """Apply serial_when_small to every PrimFunc (default and tuned schedules alike)."""
+
+    def __init__(self, limit: int = SERIAL_BELOW_ITERATIONS):
+        self.limit = limit
+
+    def transform_module(self, mod: IRModule, _ctx) -> IRModule:
+        updates = {}
+        for gv, func in mod.functions_items():
+            if isinstance(func, tirx.PrimFunc):
+                new_func = serial_when_small(func, self.limit)
+                if not new_func.same_as(func):
+                    updates[gv] = new_func
+        for gv, func in updates.items():
+            mod[gv] = func
+        return mod

@@ -1,0 +1,140 @@
+"""Keep a tuned kernel only where it beats the default schedule, timed inside the model.
+
+MetaSchedule compares its candidates with one another, never with the schedules a
+kernel gets when the database has nothing for it (cpu_schedule/: packed weights,
+register tiles, serial small nests). A few trials per kernel often lose to those, and a
+database that silently makes a compile slower is worse than none. So, for one tuned
+point, both builds of the specialized entry run side by side, interleaved, with every
+kernel call timed by the VM's instrument hook. Calls pair up by position (both builds
+run the same Relax graph, so the same kernels in the same order), are summed per fused
+kernel, and the database keeps the best record of each kernel whose tuned version was
+faster; the others fall back to the default schedules.
+
+The verdicts go into tuned.json beside the database, so anyone can see which kernels
+came from MetaSchedule and by how much they won or lost.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+_BUILTIN_PREFIX = "vm.builtin."
+# A tuned kernel must be this much faster to stay: below it, the difference is the
+# run-to-run noise of a shared machine, and the default schedule is the one we maintain.
+KEEP_MARGIN = 0.03
+
+
+def kernel_call_order(static_mod, target) -> list[str]:
+    """Names of the fused kernels `main` calls, in call order (after the compile's fusion)."""
+    import tvm
+    from tvm import relax
+    from .cpu_schedule import fusion_passes
+    with target:
+        fused = tvm.transform.Sequential(fusion_passes())(static_mod)
+    order: list[str] = []
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    for block in fused["main"].body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.Call) and value.op.same_as(call_tir):
+                order.append(value.args[0].name_hint)
+    return order
+
+
+def _timed_calls(vm, entry: str, args, runs: int) -> list[list[float]]:
+    """Seconds per kernel call (builtins left out), one list per run."""
+    runs_out: list[list[float]] = []
+    current: list[float] = []
+    started: dict[str, float] = {}
+
+    def instrument(_func, symbol, before, _ret, *_args):
+        if symbol.startswith(_BUILTIN_PREFIX):
+            return 0
+        if before:
+            started[symbol] = time.perf_counter()
+        else:
+            current.append(time.perf_counter() - started.pop(symbol))
+        return 0
+
+    vm.set_instrument(instrument)
+    fn = vm[entry]
+    for _ in range(runs):
+        current = []
+        fn(*args)
+        runs_out.append(current)
+    return runs_out
+
+
+def judge(static_mod, target, pipeline, database, inputs: list[np.ndarray], *, runs: int = 30,
+          log: Callable[[str], None] = print) -> list[dict]:
+    """Per fused kernel: median ms per run with the default schedule and with the database."""
+    import tvm
+    from tvm import relax
+    from .tune import fused_prim_funcs
+    default_exe = tvm.compile(static_mod, target=target, relax_pipeline=pipeline)
+    with database:
+        tuned_exe = tvm.compile(static_mod, target=target, relax_pipeline=pipeline)
+    device = tvm.cpu()
+    args = [tvm.runtime.tensor(np.ascontiguousarray(a), device=device) for a in inputs]
+    vms = {"default": relax.VirtualMachine(default_exe, device), "tuned": relax.VirtualMachine(tuned_exe, device)}
+    for vm in vms.values():
+        for _ in range(3):
+            vm["main"](*args)
+    order = kernel_call_order(static_mod, target)
+    samples: dict[str, list[list[float]]] = {name: [] for name in vms}
+    for _ in range(runs):  # one run each, in turn, so drift lands on both
+        for name, vm in vms.items():
+            samples[name] += _timed_calls(vm, "main", args, 1)
+    for name, per_run in samples.items():
+        if any(len(calls) != len(order) for calls in per_run):
+            raise RuntimeError(f"the {name} build ran {len(per_run[0])} kernel calls, the graph has "
+                               f"{len(order)}: cannot pair kernels for the comparison")
+    hashed = fused_prim_funcs(static_mod, target)
+    verdicts = []
+    for kernel in dict.fromkeys(order):
+        positions = [i for i, k in enumerate(order) if k == kernel]
+        ms = {name: 1000 * float(np.median([sum(run[i] for i in positions) for run in per_run]))
+              for name, per_run in samples.items()}
+        workload = tvm.IRModule({"main": hashed[kernel].with_attr("global_symbol", "main")})
+        tuned = database.has_workload(workload)
+        verdicts.append({"kernel": kernel, "calls": len(positions), "default_ms": round(ms["default"], 4),
+                         "tuned_ms": round(ms["tuned"], 4) if tuned else None,
+                         "kept": bool(tuned and ms["tuned"] < ms["default"] * (1 - KEEP_MARGIN))})
+    return verdicts
+
+
+def prune_database(db_dir: Path, static_mod, target, verdicts: list[dict]) -> int:
+    """Keep the best record of every workload, except this point's losing kernels; atomically.
+    Returns how many of this point's kernels stay tuned."""
+    import shutil
+    import tempfile
+    import tvm
+    import tvm_ffi
+    from tvm.s_tir import meta_schedule as ms
+    from .tune import _DB_FILES, fused_prim_funcs, open_database
+    database = open_database(db_dir)
+    funcs = fused_prim_funcs(static_mod, target)
+    verdict_of = {}
+    for verdict in verdicts:
+        workload = tvm.IRModule({"main": funcs[verdict["kernel"]].with_attr("global_symbol", "main")})
+        verdict_of[tvm_ffi.structural_hash(workload)] = verdict["kept"]
+    workloads = {}
+    for record in database.get_all_tuning_records():
+        workloads.setdefault(tvm_ffi.structural_hash(record.workload.mod), record.workload)
+    with tempfile.TemporaryDirectory(dir=db_dir.parent, prefix=f".{db_dir.name}.") as tmp:
+        fresh = ms.database.JSONDatabase(work_dir=tmp, allow_missing=True)
+        for key, workload in workloads.items():
+            if not verdict_of.get(key, True):
+                continue
+            for record in database.get_top_k(workload, 1):
+                fresh.commit_tuning_record(ms.database.TuningRecord(
+                    record.trace, fresh.commit_workload(workload.mod), record.run_secs, record.target,
+                    record.args_info))
+        for name in _DB_FILES:
+            shutil.move(str(Path(tmp) / name), str(db_dir / name))
+    return sum(1 for v in verdicts if v["kept"])

@@ -1,0 +1,138 @@
+"""The default CPU schedules: register tiles, packed weights, serial small nests."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, tirx
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+from portable_pe.cpu_schedule import cpu_pipeline
+from portable_pe.cpu_schedule.matmul import _STACK_ARRAY_LIMIT_BYTES, _register_tile
+from portable_pe.cpu_schedule.small_work import SERIAL_BELOW_ITERATIONS, SerialWhenSmall
+from portable_pe.cpu_schedule.tir_util import _simd_registers, _vector_lanes
+
+TARGETS = {
+    "avx512": {"kind": "llvm", "mcpu": "znver4"},
+    "avx2": {"kind": "llvm", "mcpu": "haswell"},
+    "neon": {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]},
+}
+HOST = tvm.target.Target({"kind": "llvm", "num-cores": 2})
+K, N = 64, 96
+
+
+@I.ir_module
+class Dense:
+    @R.function
+    def main(x: R.Tensor(("seq", K), "float32"), w: R.Tensor((K, N), "float32"), b: R.Tensor((N,), "float32")):
+        with R.dataflow():
+            y = R.add(R.matmul(x, w), b)
+            R.output(y)
+        return y
+
+
+@I.ir_module
+class AddBias:
+    @R.function
+    def main(x: R.Tensor(("seq", 256), "float32"), b: R.Tensor((256,), "float32")):
+        with R.dataflow():
+            y = R.add(x, b)
+            R.output(y)
+        return y
+
+
+def _bound(mod, **params):
+    return relax.transform.BindParams("main", params)(mod)
+
+
+@pytest.mark.parametrize("name", sorted(TARGETS))
+def test_register_tile_is_a_stack_array_that_fills_the_registers(name):
+    """Over 1023 bytes, TVM moves the accumulator to a heap workspace and LLVM stores it
+    after every FMA; under it, the tile should still use most of the SIMD registers."""
+    target = tvm.target.Target(TARGETS[name])
+    lanes = _vector_lanes(target)
+    mi, nj = _register_tile(target, lanes, None, None)
+    assert mi * nj * 4 < _STACK_ARRAY_LIMIT_BYTES, (mi, nj)
+    accumulators = mi * nj // lanes
+    assert 8 <= accumulators <= _simd_registers(target) - 4, (name, mi, nj, lanes)
+    # a narrow static output uses one vector per row instead of padding to two
+    assert _register_tile(target, lanes, 128, lanes)[1] == lanes
+
+
+def test_dense_with_a_constant_weight_runs_on_packed_panels():
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((K, N)).astype("float32")
+    b = rng.standard_normal(N).astype("float32")
+    mod = _bound(Dense, w=w, b=b)
+    lowered = cpu_pipeline(HOST)(mod)
+    names = [gv.name_hint for gv in lowered.get_global_vars()]
+    assert any(n.endswith("_prepacked") for n in names), names
+    # the packing ran at compile time: main calls no packing kernel and holds the packed weight
+    assert "weight_prepack" not in lowered["main"].script(), lowered["main"].script()
+    vm = relax.VirtualMachine(tvm.compile(mod, target=HOST, relax_pipeline=cpu_pipeline(HOST)), tvm.cpu())
+    for seq in (1, 5, 77):
+        x = rng.standard_normal((seq, K)).astype("float32")
+        got = vm["main"](tvm.runtime.tensor(x)).numpy()
+        np.testing.assert_allclose(got, x @ w + b, rtol=1e-5, atol=1e-5)
+
+
+def _parallel_loops(func) -> list:
+    found = []
+
+    def visit(stmt):
+        kind = type(stmt).__name__
+        if kind == "For":
+            if stmt.kind == tirx.ForKind.PARALLEL:
+                found.append(stmt)
+            visit(stmt.body)
+        elif kind == "SeqStmt":
+            for s in stmt.seq:
+                visit(s)
+        elif kind == "IfThenElse":
+            visit(stmt.then_case)
+            if stmt.else_case is not None:
+                visit(stmt.else_case)
+        elif kind == "SBlockRealize":
+            visit(stmt.block.body)
+    visit(func.body)
+    return found
+
+
+def _scheduled(mod):
+    from portable_pe.cpu_schedule.pipeline import CPUDefaultSchedule, fusion_passes
+    with HOST:
+        return tvm.transform.Sequential([*fusion_passes(), CPUDefaultSchedule(HOST)])(mod)
+
+
+def test_small_nests_skip_the_thread_pool():
+    b = np.arange(256, dtype="float32")
+    scheduled = _scheduled(_bound(AddBias, b=b))
+    (kernel,) = [gv for gv, f in scheduled.functions_items() if isinstance(f, tirx.PrimFunc)]
+    assert _parallel_loops(scheduled[kernel]), "the default schedule parallelizes the add"
+    guarded = SerialWhenSmall()(scheduled)[kernel]
+    body = guarded.body.block.body
+    # seq is symbolic: the nest's size is only known when it runs, so both copies exist
+    assert type(body).__name__ == "IfThenElse", guarded.script()
+    assert not _parallel_loops(guarded.with_body(body.then_case)), "the small-work copy is serial"
+    assert _parallel_loops(guarded.with_body(body.else_case)), "the other copy stays parallel"
+    assert "seq" in str(body.condition), body.condition
+    # a static nest is decided at compile time
+    static = relax.transform.BindSymbolicVars({"seq": 8})(_bound(AddBias, b=b))
+    small = SerialWhenSmall()(_scheduled(static))
+    assert not any(_parallel_loops(f) for f in small.functions.values() if isinstance(f, tirx.PrimFunc))
+    big = relax.transform.BindSymbolicVars({"seq": 2 * SERIAL_BELOW_ITERATIONS // 256})(_bound(AddBias, b=b))
+    large = SerialWhenSmall()(_scheduled(big))
+    assert any(_parallel_loops(f) for f in large.functions.values() if isinstance(f, tirx.PrimFunc))
+
+
+def test_both_copies_of_a_guarded_nest_compute_the_same():
+    rng = np.random.default_rng(1)
+    b = rng.standard_normal(256).astype("float32")
+    mod = _bound(AddBias, b=b)
+    vm = relax.VirtualMachine(tvm.compile(mod, target=HOST, relax_pipeline=cpu_pipeline(HOST)), tvm.cpu())
+    small_seq, large_seq = 3, 2 * SERIAL_BELOW_ITERATIONS // 256  # below and above the limit
+    for seq in (small_seq, large_seq):
+        x = rng.standard_normal((seq, 256)).astype("float32")
+        np.testing.assert_array_equal(vm["main"](tvm.runtime.tensor(x)).numpy(), x + b)
