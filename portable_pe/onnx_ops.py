@@ -282,6 +282,37 @@ _OUR_OPS = {  # op_type -> (converter, lowest opset version, highest opset versi
 }
 
 
+class Clip(_fe.Clip):
+    """TVM's Clip, with Relax maximum/minimum ops where TVM emits TE helper PrimFuncs.
+
+    TVM 0.27 converts Clip with ``bb.emit_te(topi.maximum, ...)``: a PrimFunc written for
+    the symbolic shape that main calls directly. A tuned compile binds batch and seq in a
+    copy of main (tune.specialize), but such a helper keeps its symbolic buffers, and
+    FuseTIR then stops ("Inconsistent buffers compute and A mapped to the same relax
+    var"): that is what kept t5_bias and hybrid (T5 bucketing clips the relative
+    distance) from being tuned. As Relax ops they are legalized after the binding."""
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        x = inputs[0]
+        dtype = _dtype(x)
+        x = bb.emit(relax.op.maximum(x, relax.const(float(attr.get("min", -np.inf)), dtype)))
+        return bb.emit(relax.op.minimum(x, relax.const(float(attr.get("max", np.inf)), dtype)))
+
+    @classmethod
+    def _impl_v13(cls, bb, inputs, attr, params):
+        x = inputs[0]
+        if inputs[1] is not None:
+            x = bb.emit(relax.op.maximum(x, cls._sanitize_nan_clip_bound(bb, inputs[1], for_min=True)))
+        if inputs[2] is not None:
+            x = bb.emit(relax.op.minimum(x, cls._sanitize_nan_clip_bound(bb, inputs[2], for_min=False)))
+        return x
+
+
+# TVM converters replaced while importing (same op_type, so no renaming)
+_REPLACED_OPS = {"Clip": Clip}
+
+
 def custom_converters() -> dict[str, type]:
     """op_type -> OnnxOpConverter subclass for standard-domain ops TVM 0.27 lacks."""
     return {name: conv for name, (conv, _, _) in _OUR_OPS.items()}
@@ -379,7 +410,7 @@ def import_onnx(model: onnx.ModelProto, *, shape_dict=None, **kwargs) -> tvm.IRM
     if bad:
         raise UnsupportedOnnxOps(bad)
     renamed = _rename_standard_ops(model)
-    extra = {_PREFIX + name: conv for name, (conv, _, _) in _OUR_OPS.items()}
+    extra = {**_REPLACED_OPS, **{_PREFIX + name: conv for name, (conv, _, _) in _OUR_OPS.items()}}
     with registered_converters(extra), warnings.catch_warnings():
         # the checker inside from_onnx rejects the renamed ops; it only warns
         warnings.filterwarnings("ignore", message=".*No Op registered for PPE_.*")

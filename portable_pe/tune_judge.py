@@ -17,7 +17,6 @@ came from MetaSchedule and by how much they won or lost.
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Callable
 
@@ -46,10 +45,10 @@ def kernel_call_order(static_mod, target) -> list[str]:
     return order
 
 
-def _timed_calls(vm, entry: str, args, runs: int) -> list[list[float]]:
-    """Seconds per kernel call (builtins left out), one list per run."""
-    runs_out: list[list[float]] = []
-    current: list[float] = []
+def timed_kernel_calls(vm, entry: str, args, runs: int) -> list[list[tuple[str, float]]]:
+    """(kernel symbol, seconds) of every kernel call (builtins left out), one list per run."""
+    runs_out: list[list[tuple[str, float]]] = []
+    current: list[tuple[str, float]] = []
     started: dict[str, float] = {}
 
     def instrument(_func, symbol, before, _ret, *_args):
@@ -58,7 +57,7 @@ def _timed_calls(vm, entry: str, args, runs: int) -> list[list[float]]:
         if before:
             started[symbol] = time.perf_counter()
         else:
-            current.append(time.perf_counter() - started.pop(symbol))
+            current.append((symbol, time.perf_counter() - started.pop(symbol)))
         return 0
 
     vm.set_instrument(instrument)
@@ -89,7 +88,7 @@ def judge(static_mod, target, pipeline, database, inputs: list[np.ndarray], *, r
     samples: dict[str, list[list[float]]] = {name: [] for name in vms}
     for _ in range(runs):  # one run each, in turn, so drift lands on both
         for name, vm in vms.items():
-            samples[name] += _timed_calls(vm, "main", args, 1)
+            samples[name] += timed_kernel_calls(vm, "main", args, 1)
     for name, per_run in samples.items():
         if any(len(calls) != len(order) for calls in per_run):
             raise RuntimeError(f"the {name} build ran {len(per_run[0])} kernel calls, the graph has "
@@ -98,7 +97,7 @@ def judge(static_mod, target, pipeline, database, inputs: list[np.ndarray], *, r
     verdicts = []
     for kernel in dict.fromkeys(order):
         positions = [i for i, k in enumerate(order) if k == kernel]
-        ms = {name: 1000 * float(np.median([sum(run[i] for i in positions) for run in per_run]))
+        ms = {name: 1000 * float(np.median([sum(run[i][1] for i in positions) for run in per_run]))
               for name, per_run in samples.items()}
         workload = tvm.IRModule({"main": hashed[kernel].with_attr("global_symbol", "main")})
         tuned = database.has_workload(workload)

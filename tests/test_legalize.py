@@ -481,6 +481,27 @@ def test_custom_converters_table():
     assert conv["Attention"].get_converter(24) is not None
 
 
+@pytest.mark.parametrize("opset", [6, 13])
+def test_clip_imports_as_relax_ops(opset):
+    """Clip becomes Relax maximum/minimum (TVM emits TE helper PrimFuncs with the symbolic
+    shape, which break a tuned compile's shape binding), and still matches onnxruntime."""
+    x = oh.make_tensor_value_info("x", TP.FLOAT, ["S", 4])
+    if opset < 11:
+        node = oh.make_node("Clip", ["x"], ["y"], min=-0.5, max=0.75)
+        inits = []
+    else:
+        node = oh.make_node("Clip", ["x", "lo", "hi"], ["y"])
+        inits = [onnx.numpy_helper.from_array(np.array(-0.5, "float32"), "lo"),
+                 onnx.numpy_helper.from_array(np.array(0.75, "float32"), "hi")]
+    model = oh.make_model(oh.make_graph([node], "g", [x], [oh.make_tensor_value_info("y", TP.FLOAT, ["S", 4])], inits),
+                          opset_imports=[oh.make_opsetid("", opset)])
+    mod = import_onnx(model)
+    assert not [gv for gv, f in mod.functions_items() if not isinstance(f, relax.Function)], mod.script()
+    feeds = {"x": np.linspace(-2, 2, 7 * 4, dtype="float32").reshape(7, 4)}
+    (got,) = compile_run(mod, [feeds])
+    np.testing.assert_array_equal(got, ort_run(model, feeds))
+
+
 def _blocking_model():
     x = oh.make_tensor_value_info("x", TP.FLOAT, ["B", "S", D])
     nodes = [

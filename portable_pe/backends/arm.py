@@ -38,13 +38,13 @@ def tvm_target(spec, *, board: str | None = None) -> tvm.target.Target:
     if board not in boards:
         raise ValueError(f"unknown board {board!r} for target {spec.name!r}; valid: {', '.join(boards)}")
     if not boards[board]:
-        return tvm.target.Target(dict(spec.tvm))
+        return llvm.with_reassociation(tvm.target.Target(dict(spec.tvm)))
     target = tvm.target.Target(boards[board])
     if target.kind.name != "llvm":  # e.g. a Jetson tag is its GPU; its CPU is the host part
         target = target.host
     if target is None or "aarch64" not in str(target.attrs.get("mtriple", "")):
         raise ValueError(f"board {board!r}: TVM tag {boards[board]!r} has no aarch64 CPU target")
-    return target
+    return llvm.with_reassociation(target)
 
 
 def relax_pipeline(target):

@@ -12,7 +12,18 @@ def tvm_target(spec, **options) -> tvm.target.Target:
     if config.get("mcpu") == "host":
         config["mcpu"] = tvm.target.codegen.llvm_get_system_cpu()
     config.setdefault("num-cores", os.cpu_count() or 1)
-    return tvm.target.Target(config)
+    return with_reassociation(tvm.target.Target(config))
+
+
+def with_reassociation(target: tvm.target.Target) -> tvm.target.Target:
+    """Let LLVM reorder float additions, maxima and products (and nothing else of fast-math).
+
+    The row reductions of layer norm and softmax (sum, max over the last axis) are
+    loop-carried chains that LLVM may only vectorize when it may reassociate them; without
+    it every element waits for the previous add. Measured on the rope graph, one znver4
+    core: layer norm 65 -> 15 us per call at T=128. Outputs move by float rounding only
+    (max abs error vs PyTorch 1.7e-06 before and after)."""
+    return tvm.target.Target({**target.export(), "fast-math-reassoc": True})
 
 
 def relax_pipeline(target):

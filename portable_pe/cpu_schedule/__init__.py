@@ -10,12 +10,15 @@ vectorized, register-tiled CPU schedule without any tuning:
   including 4-D attention matmuls with a symbolic sequence length) get a
   register-blocked micro-kernel: ``i`` tiled by ``MI`` rows (unrolled), ``j``
   tiled by ``NJ`` lanes (vectorized), the reduction innermost over the tile,
-  epilogue (bias, scale, GELU, residual ...) computed per tile;
+  epilogue (bias, scale, GELU, residual ...) computed per tile; a constant weight
+  is stored as contiguous ``[N/NJ, K, NJ]`` panels, packed once at compile time;
 * row reductions (softmax, layer-norm, RMS-norm, mean ...) get one parallel
   loop over rows, with all the row's stages computed inside it and the
   elementwise stages vectorized;
 * everything else (transposes, RoPE slice/concat chains, splits, casts, ...)
-  gets the generic rule: parallel outer fused loop, vectorized inner loop.
+  gets the generic rule: parallel outer fused loop, vectorized inner loop;
+* whoever scheduled a kernel (these rules or a tuning database), a parallel nest
+  whose work is too small to pay for waking the thread pool runs serially.
 
 Symbolic extents are handled by splitting with fixed factors; TVM adds a
 predicate for the tail and the TIR ``LoopPartition`` pass peels it.
@@ -37,6 +40,8 @@ Modules
 ``matmul``     matmul matching and the register-blocked micro-kernel schedule
 ``reduction``  the row-reduction-chain rule (softmax / norms)
 ``fast_math``  ``CPUFastMath``: vectorizable gelu/softmax/exp/erf/tanh
+``weight_packing``  constant weights marked, packing split out and folded at compile time
+``small_work`` ``SerialWhenSmall``: serial copies of parallel nests, chosen by work size
 ``pipeline``   rule dispatch per PrimFunc and the Relax pass lists / pipeline
 """
 

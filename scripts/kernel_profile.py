@@ -1,0 +1,84 @@
+"""Where an llvm bundle's time goes: milliseconds per kernel, slowest first.
+
+Every kernel call of the entry the runtime would pick is timed through the Relax VM's
+instrument hook (the timing `portable-pe tune --recheck` uses), under the thread and
+pool settings of `portable-pe bench`. Per kernel: the median over the runs of its calls'
+sum. The hook itself costs a few microseconds per call, so the kernels add up to a bit
+more than an uninstrumented run; onnxruntime's whole-graph median, timed in turn in the
+same runs, is printed for scale.
+
+    python scripts/kernel_profile.py dist/rope-llvm [--batch 1] [--seq 128] [--runs 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import defaultdict
+
+import numpy as np
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("bundle")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--top", type=int, default=12)
+    args = parser.parse_args()
+
+    from portable_pe.bench import set_threads
+    set_threads(args.threads)
+    import tvm
+    from portable_pe.artifact import load_bundle
+    from portable_pe.parity import dim_roles, make_inputs
+    from portable_pe.runtime import LocalRunner, entry_for
+    from portable_pe.simplify import ort_session
+    from portable_pe.tune_judge import timed_kernel_calls
+
+    bundle = load_bundle(args.bundle)
+    runner = LocalRunner(bundle)
+    inputs = make_inputs(bundle.manifest["inputs"], length=args.seq, batch=args.batch,
+                         dim_roles=dim_roles(bundle.manifest))
+    entry = entry_for(bundle.manifest, inputs)
+    tensors = [tvm.runtime.tensor(np.ascontiguousarray(inputs[s["name"]]), device=runner.device)
+               for s in bundle.manifest["inputs"]]
+    session = ort_session(bundle.file("model.onnx"), threads=args.threads, spin=False)
+    names = [o.name for o in session.get_outputs()]
+    for _ in range(3):
+        runner.vm[entry](*tensors)
+        session.run(names, inputs)
+    per_kernel: dict[str, list[float]] = defaultdict(list)
+    calls: dict[str, int] = {}
+    totals, ort = [], []
+    for _ in range(args.runs):
+        (run,) = timed_kernel_calls(runner.vm, entry, tensors, 1)
+        summed: dict[str, float] = defaultdict(float)
+        for symbol, seconds in run:
+            summed[symbol] += seconds
+        calls = {symbol: sum(1 for s, _ in run if s == symbol) for symbol in summed}
+        for symbol, seconds in summed.items():
+            per_kernel[symbol].append(seconds)
+        totals.append(sum(summed.values()))
+        start = time.perf_counter()
+        session.run(names, inputs)
+        ort.append(time.perf_counter() - start)
+    ms = {k: 1000 * float(np.median(v)) for k, v in per_kernel.items()}
+    total = 1000 * float(np.median(totals))
+    print(f"{bundle.name}, entry {entry}, B={args.batch} T={args.seq}, {args.threads} threads, {args.runs} runs: "
+          f"kernels {total:.2f} ms in all, onnxruntime {1000 * float(np.median(ort)):.2f} ms (whole graph)\n")
+    print("| kernel | calls | ms per run | share |")
+    print("|---|---:|---:|---:|")
+    ranked = sorted(ms.items(), key=lambda kv: -kv[1])
+    for symbol, value in ranked[: args.top]:
+        print(f"| {symbol[:70]} | {calls.get(symbol, 0)} | {value:.3f} | {100 * value / total:.0f}% |")
+    rest = sum(v for _, v in ranked[args.top:])
+    if rest:
+        print(f"| {len(ranked) - args.top} other kernels | | {rest:.3f} | {100 * rest / total:.0f}% |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
