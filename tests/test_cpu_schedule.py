@@ -136,3 +136,24 @@ def test_both_copies_of_a_guarded_nest_compute_the_same():
     for seq in (small_seq, large_seq):
         x = rng.standard_normal((seq, 256)).astype("float32")
         np.testing.assert_array_equal(vm["main"](tvm.runtime.tensor(x)).numpy(), x + b)
+
+
+def test_nests_with_root_intermediates_stay_single():
+    """Duplicating a nest that uses a root-allocated intermediate (the accumulator tile)
+    would make TVM allocate it full size on the heap: such nests keep one parallel copy."""
+    from portable_pe.cpu_schedule.small_work import _buffers_touched
+    rng = np.random.default_rng(2)
+    mod = _bound(Dense, w=rng.standard_normal((K, N)).astype("float32"), b=rng.standard_normal(N).astype("float32"))
+    guarded = SerialWhenSmall()(_scheduled(mod))
+    checked = 0
+    for func in guarded.functions.values():
+        if not isinstance(func, tirx.PrimFunc) or type(func.body).__name__ != "SBlockRealize":
+            continue
+        root = func.body.block
+        items = list(root.body.seq) if type(root.body).__name__ == "SeqStmt" else [root.body]
+        for item in items:
+            uses_root = any(b.same_as(a) for b in _buffers_touched(item, set()) for a in root.alloc_buffers)
+            if uses_root:
+                checked += 1
+                assert type(item).__name__ == "For", item
+    assert checked, "the dense kernel has a nest using a root-allocated buffer"
