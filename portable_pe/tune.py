@@ -75,24 +75,37 @@ def as_main(mod, name: str):
     return out
 
 
-def fused_prim_funcs(mod, target):
-    """The PrimFuncs a compile would schedule, after exactly the compile's fusion passes."""
+def fused_module(mod, target):
+    """`mod` after exactly the compile's fusion passes: the kernels a compile would schedule."""
     import tvm
-    from tvm import tirx
     from .cpu_schedule import fusion_passes
     with target:
-        fused = tvm.transform.Sequential(fusion_passes())(mod)
+        return tvm.transform.Sequential(fusion_passes())(mod)
+
+
+def kernels_of(fused) -> dict:
+    """Kernel name -> PrimFunc of a fused module."""
+    from tvm import tirx
     return {gv.name_hint: f for gv, f in fused.functions_items() if isinstance(f, tirx.PrimFunc)}
+
+
+def fused_prim_funcs(mod, target):
+    """The PrimFuncs a compile would schedule, after exactly the compile's fusion passes."""
+    return kernels_of(fused_module(mod, target))
+
+
+def workload(func):
+    """A kernel as MetaSchedule tunes and looks it up: a module whose `main` it is."""
+    import tvm
+    return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
 
 
 def coverage(mod, target, database) -> tuple[list[str], list[str]]:
     """(hits, misses) over a static-shape module's kernels: those the database has a
     schedule for, and those that will get the default schedules."""
-    import tvm
     hits, misses = [], []
     for name, func in fused_prim_funcs(mod, target).items():
-        workload = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
-        (hits if database.has_workload(workload) else misses).append(name)
+        (hits if database.has_workload(workload(func)) else misses).append(name)
     return hits, misses
 
 
@@ -177,7 +190,7 @@ def tune_graph(source: str, *, target: str = "llvm", batch: int = 1, seq: int = 
     for i, (name, func) in enumerate(sorted(funcs.items()), 1):
         t = time.perf_counter()
         with tvm.transform.PassContext(opt_level=3):
-            ms.tune_tir(mod=tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
+            ms.tune_tir(mod=workload(func),
                         target=st.tvm_target, work_dir=str(work), max_trials_global=trials,
                         num_trials_per_iter=min(trials, 16), database=database, builder=builder,
                         **({"runner": runner} if runner is not None else {}))
@@ -224,13 +237,14 @@ def recheck(st, point: dict, *, runs: int = 30, log: Callable[[str], None] = pri
                          dim_roles=dim_roles({"dims": st.io["dims"]}))
     log(f"comparing tuned kernels with the default schedules at batch={point['batch']} seq={point['seq']} "
         f"({runs} interleaved runs of each build)")
-    verdicts = judge(static, st.tvm_target, get_backend(st.target.backend).relax_pipeline(st.tvm_target),
-                     open_database(db_dir), [values[i["name"]] for i in st.io["inputs"]], runs=runs, log=log)
+    fused = fused_module(static, st.tvm_target)
+    verdicts = judge(static, fused, st.tvm_target, get_backend(st.target.backend).relax_pipeline(st.tvm_target),
+                     open_database(db_dir), [values[i["name"]] for i in st.io["inputs"]], runs=runs)
     for v in verdicts:
         if v["tuned_ms"] is not None:
             log(f"  {v['kernel'][:56]:<56} default {v['default_ms']:8.3f} ms  tuned {v['tuned_ms']:8.3f} ms  "
                 f"{'kept' if v['kept'] else 'dropped'}")
-    kept = prune_database(db_dir, static, st.tvm_target, verdicts)
+    kept = prune_database(db_dir, kernels_of(fused), verdicts)
     _save_point(db_dir, st.name, {**entry, "kept_kernels": kept, "kernels": verdicts})
     log(f"  {kept} tuned kernel(s) kept, {sum(v['tuned_ms'] is not None for v in verdicts) - kept} dropped "
         f"(the default schedule was faster)")

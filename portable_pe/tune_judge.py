@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -28,27 +27,19 @@ _BUILTIN_PREFIX = "vm.builtin."
 KEEP_MARGIN = 0.03
 
 
-def kernel_call_order(static_mod, target) -> list[str]:
-    """Names of the fused kernels `main` calls, in call order (after the compile's fusion)."""
+def kernel_call_order(fused) -> list[str]:
+    """Names of the kernels `main` of a fused module calls, in call order."""
     import tvm
     from tvm import relax
-    from .cpu_schedule import fusion_passes
-    with target:
-        fused = tvm.transform.Sequential(fusion_passes())(static_mod)
-    order: list[str] = []
     call_tir = tvm.ir.Op.get("relax.call_tir")
-    for block in fused["main"].body.blocks:
-        for binding in block.bindings:
-            value = binding.value
-            if isinstance(value, relax.Call) and value.op.same_as(call_tir):
-                order.append(value.args[0].name_hint)
-    return order
+    return [binding.value.args[0].name_hint
+            for block in fused["main"].body.blocks for binding in block.bindings
+            if isinstance(binding.value, relax.Call) and binding.value.op.same_as(call_tir)]
 
 
-def timed_kernel_calls(vm, entry: str, args, runs: int) -> list[list[tuple[str, float]]]:
-    """(kernel symbol, seconds) of every kernel call (builtins left out), one list per run."""
-    runs_out: list[list[tuple[str, float]]] = []
-    current: list[tuple[str, float]] = []
+def timed_kernel_calls(vm, entry: str, args) -> list[tuple[str, float]]:
+    """One run of `entry`: (kernel symbol, seconds) of every kernel call, builtins left out."""
+    calls: list[tuple[str, float]] = []
     started: dict[str, float] = {}
 
     def instrument(_func, symbol, before, _ret, *_args):
@@ -57,24 +48,20 @@ def timed_kernel_calls(vm, entry: str, args, runs: int) -> list[list[tuple[str, 
         if before:
             started[symbol] = time.perf_counter()
         else:
-            current.append((symbol, time.perf_counter() - started.pop(symbol)))
+            calls.append((symbol, time.perf_counter() - started.pop(symbol)))
         return 0
 
     vm.set_instrument(instrument)
-    fn = vm[entry]
-    for _ in range(runs):
-        current = []
-        fn(*args)
-        runs_out.append(current)
-    return runs_out
+    vm[entry](*args)
+    return calls
 
 
-def judge(static_mod, target, pipeline, database, inputs: list[np.ndarray], *, runs: int = 30,
-          log: Callable[[str], None] = print) -> list[dict]:
-    """Per fused kernel: median ms per run with the default schedule and with the database."""
+def judge(static_mod, fused, target, pipeline, database, inputs: list[np.ndarray], *, runs: int = 30) -> list[dict]:
+    """Per kernel of `fused` (static_mod after the fusion passes): median ms per run with the
+    default schedule and with the database."""
     import tvm
     from tvm import relax
-    from .tune import fused_prim_funcs
+    from .tune import kernels_of, workload
     default_exe = tvm.compile(static_mod, target=target, relax_pipeline=pipeline)
     with database:
         tuned_exe = tvm.compile(static_mod, target=target, relax_pipeline=pipeline)
@@ -84,55 +71,49 @@ def judge(static_mod, target, pipeline, database, inputs: list[np.ndarray], *, r
     for vm in vms.values():
         for _ in range(3):
             vm["main"](*args)
-    order = kernel_call_order(static_mod, target)
-    samples: dict[str, list[list[float]]] = {name: [] for name in vms}
+    order = kernel_call_order(fused)
+    samples: dict[str, list[list[tuple[str, float]]]] = {name: [] for name in vms}
     for _ in range(runs):  # one run each, in turn, so drift lands on both
         for name, vm in vms.items():
-            samples[name] += timed_kernel_calls(vm, "main", args, 1)
+            samples[name].append(timed_kernel_calls(vm, "main", args))
     for name, per_run in samples.items():
         if any(len(calls) != len(order) for calls in per_run):
             raise RuntimeError(f"the {name} build ran {len(per_run[0])} kernel calls, the graph has "
                                f"{len(order)}: cannot pair kernels for the comparison")
-    hashed = fused_prim_funcs(static_mod, target)
+    funcs = kernels_of(fused)
     verdicts = []
     for kernel in dict.fromkeys(order):
         positions = [i for i, k in enumerate(order) if k == kernel]
         ms = {name: 1000 * float(np.median([sum(run[i][1] for i in positions) for run in per_run]))
               for name, per_run in samples.items()}
-        workload = tvm.IRModule({"main": hashed[kernel].with_attr("global_symbol", "main")})
-        tuned = database.has_workload(workload)
+        tuned = database.has_workload(workload(funcs[kernel]))
         verdicts.append({"kernel": kernel, "calls": len(positions), "default_ms": round(ms["default"], 4),
                          "tuned_ms": round(ms["tuned"], 4) if tuned else None,
                          "kept": bool(tuned and ms["tuned"] < ms["default"] * (1 - KEEP_MARGIN))})
     return verdicts
 
 
-def prune_database(db_dir: Path, static_mod, target, verdicts: list[dict]) -> int:
-    """Keep the best record of every workload, except this point's losing kernels; atomically.
-    Returns how many of this point's kernels stay tuned."""
+def prune_database(db_dir: Path, funcs: dict, verdicts: list[dict]) -> int:
+    """Keep the best record of every workload, except this point's losing kernels (`funcs`:
+    this point's kernels by name); atomically. Returns how many of them stay tuned."""
     import shutil
     import tempfile
-    import tvm
     import tvm_ffi
     from tvm.s_tir import meta_schedule as ms
-    from .tune import _DB_FILES, fused_prim_funcs, open_database
+    from .tune import _DB_FILES, open_database, workload
     database = open_database(db_dir)
-    funcs = fused_prim_funcs(static_mod, target)
-    verdict_of = {}
-    for verdict in verdicts:
-        workload = tvm.IRModule({"main": funcs[verdict["kernel"]].with_attr("global_symbol", "main")})
-        verdict_of[tvm_ffi.structural_hash(workload)] = verdict["kept"]
-    workloads = {}
+    verdict_of = {tvm_ffi.structural_hash(workload(funcs[v["kernel"]])): v["kept"] for v in verdicts}
+    recorded = {}  # structural hash -> MetaSchedule Workload
     for record in database.get_all_tuning_records():
-        workloads.setdefault(tvm_ffi.structural_hash(record.workload.mod), record.workload)
+        recorded.setdefault(tvm_ffi.structural_hash(record.workload.mod), record.workload)
     with tempfile.TemporaryDirectory(dir=db_dir.parent, prefix=f".{db_dir.name}.") as tmp:
         fresh = ms.database.JSONDatabase(work_dir=tmp, allow_missing=True)
-        for key, workload in workloads.items():
+        for key, entry in recorded.items():
             if not verdict_of.get(key, True):
                 continue
-            for record in database.get_top_k(workload, 1):
+            for record in database.get_top_k(entry, 1):
                 fresh.commit_tuning_record(ms.database.TuningRecord(
-                    record.trace, fresh.commit_workload(workload.mod), record.run_secs, record.target,
+                    record.trace, fresh.commit_workload(entry.mod), record.run_secs, record.target,
                     record.args_info))
         for name in _DB_FILES:
             shutil.move(str(Path(tmp) / name), str(db_dir / name))

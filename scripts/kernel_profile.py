@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import numpy as np
 
@@ -51,14 +51,14 @@ def main() -> int:
         runner.vm[entry](*tensors)
         session.run(names, inputs)
     per_kernel: dict[str, list[float]] = defaultdict(list)
-    calls: dict[str, int] = {}
+    calls: Counter = Counter()
     totals, ort = [], []
     for _ in range(args.runs):
-        (run,) = timed_kernel_calls(runner.vm, entry, tensors, 1)
+        run = timed_kernel_calls(runner.vm, entry, tensors)
         summed: dict[str, float] = defaultdict(float)
         for symbol, seconds in run:
             summed[symbol] += seconds
-        calls = {symbol: sum(1 for s, _ in run if s == symbol) for symbol in summed}
+        calls = Counter(symbol for symbol, _ in run)
         for symbol, seconds in summed.items():
             per_kernel[symbol].append(seconds)
         totals.append(sum(summed.values()))

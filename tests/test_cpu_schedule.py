@@ -12,7 +12,7 @@ from tvm.script import relax as R
 from portable_pe.cpu_schedule import cpu_pipeline
 from portable_pe.cpu_schedule.matmul import _STACK_ARRAY_LIMIT_BYTES, _register_tile
 from portable_pe.cpu_schedule.small_work import SERIAL_BELOW_ITERATIONS, SerialWhenSmall
-from portable_pe.cpu_schedule.tir_util import _simd_registers, _vector_lanes
+from portable_pe.cpu_schedule.tir_util import _node, _simd_registers, _vector_lanes, _walk
 
 TARGETS = {
     "avx512": {"kind": "llvm", "mcpu": "znver4"},
@@ -79,25 +79,7 @@ def test_dense_with_a_constant_weight_runs_on_packed_panels():
 
 
 def _parallel_loops(func) -> list:
-    found = []
-
-    def visit(stmt):
-        kind = type(stmt).__name__
-        if kind == "For":
-            if stmt.kind == tirx.ForKind.PARALLEL:
-                found.append(stmt)
-            visit(stmt.body)
-        elif kind == "SeqStmt":
-            for s in stmt.seq:
-                visit(s)
-        elif kind == "IfThenElse":
-            visit(stmt.then_case)
-            if stmt.else_case is not None:
-                visit(stmt.else_case)
-        elif kind == "SBlockRealize":
-            visit(stmt.block.body)
-    visit(func.body)
-    return found
+    return [s for s in _walk(func.body) if _node(s) == "For" and s.kind == tirx.ForKind.PARALLEL]
 
 
 def _scheduled(mod):
@@ -152,7 +134,7 @@ def test_nests_with_root_intermediates_stay_single():
         root = func.body.block
         items = list(root.body.seq) if type(root.body).__name__ == "SeqStmt" else [root.body]
         for item in items:
-            uses_root = any(b.same_as(a) for b in _buffers_touched(item, set()) for a in root.alloc_buffers)
+            uses_root = any(b.same_as(a) for b in _buffers_touched(item) for a in root.alloc_buffers)
             if uses_root:
                 checked += 1
                 assert type(item).__name__ == "For", item

@@ -134,7 +134,7 @@ def _pack_constant_weight(sch, mm_block, j_var, nj: int) -> bool:
     layout those rows lie N*4 bytes apart, 4 KiB for N = 1024: every k lands in the
     same few L1 sets, so the panel keeps falling out of L1. Packed, a panel is one
     contiguous stream. Only weights the Relax function passes as constants
-    (``layout_free_buffers``, set by AttachAttrLayoutFreeBuffers) are packed."""
+    (``layout_free_buffers``, set by weight_packing.MarkConstantWeights) are packed."""
     func = sch.mod["main"]
     free = func.attrs.get("layout_free_buffers") if func.attrs is not None else None
     if not free:
@@ -149,7 +149,7 @@ def _pack_constant_weight(sch, mm_block, j_var, nj: int) -> bool:
         k_ext, n_ext = (_const_int(x) for x in buffer.shape)
         if k_ext is None or n_ext is None or n_ext % nj:
             continue
-        loads = [x for x in _loads_of(stmt.body.value, buffer)]
+        loads = list(_loads_of(stmt.body.value, buffer))
         if not loads or not all(_node(x.indices[-1]) == "Var" and x.indices[-1].same_as(j_var) for x in loads):
             continue
         try:
@@ -243,10 +243,10 @@ def _schedule_matmul(sch, mm_block, other_blocks, target):
     sch.reorder(*batch, io, jo, lk, ii, ji)
     if pad_j > 1 and ext_j is None:
         # The vector (j) dim is dynamic: a per-tile epilogue would need a
-        # lane-dependent tail predicate (scalarized).  Accumulate in a local
-        # MI x NJ tile, write it to the padded result, and run the epilogue as
-        # its own exact-extent loop nest over that result.
-        wb = sch.cache_write(mm_block, 0, "global")  # "global": a stack array, see _register_tile
+        # lane-dependent tail predicate (scalarized).  Accumulate in an MI x NJ
+        # tile ("global" scope: a stack array, see _register_tile), write it to the
+        # padded result, and run the epilogue as its own exact-extent loop nest.
+        wb = sch.cache_write(mm_block, 0, "global")
         sch.reverse_compute_at(wb, jo, preserve_unit_loops=True)
         wloops = sch.get_loops(wb)
         if len(wloops) > len(batch) + 2:

@@ -19,6 +19,8 @@ from tvm import s_tir, tirx
 from tvm.sym import Analyzer
 from tvm.ir import IRModule
 
+from .tir_util import _blocks_under, _node, _region_buffer
+
 # Loop iterations (vector lanes counted one by one) below which a nest runs serially:
 # about 15-40 us of one core's work for elementwise code, the cost of one wake-up.
 SERIAL_BELOW_ITERATIONS = 1 << 17
@@ -26,7 +28,7 @@ SERIAL_BELOW_ITERATIONS = 1 << 17
 
 def _iterations(stmt, outer_vars: set) -> tvm.tirx.PrimExpr | int:
     """Total innermost iterations of a loop nest (an upper bound where extents vary)."""
-    kind = type(stmt).__name__
+    kind = _node(stmt)
     if kind == "For":
         extent = stmt.extent
         if set(tirx.analysis.undefined_vars(extent, [])) & outer_vars:
@@ -48,26 +50,9 @@ def _iterations(stmt, outer_vars: set) -> tvm.tirx.PrimExpr | int:
     return 1
 
 
-def _buffers_touched(stmt, found: set) -> set:
+def _buffers_touched(stmt) -> list:
     """Buffers read or written by the blocks under `stmt`."""
-    kind = type(stmt).__name__
-    if kind == "For":
-        _buffers_touched(stmt.body, found)
-    elif kind == "SeqStmt":
-        for item in stmt.seq:
-            _buffers_touched(item, found)
-    elif kind == "IfThenElse":
-        _buffers_touched(stmt.then_case, found)
-        if stmt.else_case is not None:
-            _buffers_touched(stmt.else_case, found)
-    elif kind == "SBlockRealize":
-        block = stmt.block
-        for region in list(block.reads) + list(block.writes):
-            found.add(region.buffer if hasattr(region, "buffer") else region.source)
-        _buffers_touched(block.body, found)
-        if block.init is not None:
-            _buffers_touched(block.init, found)
-    return found
+    return [_region_buffer(r) for block in _blocks_under(stmt) for r in (*block.reads, *block.writes)]
 
 
 def _serial(loop):
@@ -78,25 +63,25 @@ def _serial(loop):
 def serial_when_small(func: tirx.PrimFunc, limit: int = SERIAL_BELOW_ITERATIONS) -> tirx.PrimFunc:
     """``func`` with each top-level parallel nest guarded by a work test (or made serial)."""
     realize = func.body
-    if type(realize).__name__ != "SBlockRealize":
+    if _node(realize) != "SBlockRealize":
         return func
     root = realize.block
     body = root.body
-    items = list(body.seq) if type(body).__name__ == "SeqStmt" else [body]
+    items = list(body.seq) if _node(body) == "SeqStmt" else [body]
     analyzer = Analyzer()
     changed = False
     new_items = []
     for stmt in items:
-        if type(stmt).__name__ != "For" or stmt.kind != tirx.ForKind.PARALLEL:
+        if _node(stmt) != "For" or stmt.kind != tirx.ForKind.PARALLEL:
             new_items.append(stmt)
             continue
         work = _iterations(stmt, set())
         small = analyzer.simplify(work < limit) if not isinstance(work, int) else work < limit
-        if isinstance(small, bool) or type(small).__name__ == "IntImm":
+        if isinstance(small, bool) or _node(small) == "IntImm":
             small = bool(small if isinstance(small, bool) else small.value)
             new_items.append(_serial(stmt) if small else stmt)
             changed |= small
-        elif any(b.same_as(a) for b in _buffers_touched(stmt, set()) for a in root.alloc_buffers):
+        elif any(b.same_as(a) for b in _buffers_touched(stmt) for a in root.alloc_buffers):
             # Two copies of a nest that uses a root-allocated intermediate (a matmul's
             # accumulator tile, a norm's row sums) would make the root their common
             # ancestor: TVM then allocates the intermediate there, full size, on the heap,

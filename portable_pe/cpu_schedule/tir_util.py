@@ -124,3 +124,29 @@ def _expr_vars(expr) -> set:
         return set(tirx.analysis.undefined_vars(expr, []))
     except Exception:  # pylint: disable=broad-except
         return set()
+
+
+def _stmt_children(stmt) -> list:
+    """The statements directly under a scheduled-TIR statement (loops, sequences, ifs, blocks)."""
+    kind = _node(stmt)
+    if kind == "For":
+        return [stmt.body]
+    if kind == "SeqStmt":
+        return list(stmt.seq)
+    if kind == "IfThenElse":
+        return [stmt.then_case] + ([stmt.else_case] if stmt.else_case is not None else [])
+    if kind == "SBlockRealize":
+        return [stmt.block.body] + ([stmt.block.init] if stmt.block.init is not None else [])
+    return []
+
+
+def _walk(stmt):
+    """`stmt` and every statement under it, parents first."""
+    yield stmt
+    for child in _stmt_children(stmt):
+        yield from _walk(child)
+
+
+def _blocks_under(stmt):
+    """Every SBlock under `stmt`."""
+    return (s.block for s in _walk(stmt) if _node(s) == "SBlockRealize")

@@ -22,6 +22,7 @@ from tvm import relax, tirx
 from tvm.ir import IRModule
 
 from .matmul import _LAYOUT_REWRITE_PREPROC
+from .tir_util import _blocks_under
 
 
 def _constant_args_per_kernel(mod: IRModule) -> dict:
@@ -63,7 +64,7 @@ def SplitWeightPacking(mod: IRModule, _ctx) -> IRModule:  # pylint: disable=inva
     only; the other PrimFuncs, which it would leave as they are, are added back after."""
     packing = {gv for gv, f in mod.functions_items()
                if isinstance(f, tirx.PrimFunc) and f.attrs is not None and f.attrs.get("layout_free_buffers")
-               and _LAYOUT_REWRITE_PREPROC in f.script()}
+               and any(_LAYOUT_REWRITE_PREPROC in block.annotations for block in _blocks_under(f.body))}
     if not packing:
         return mod
     view = IRModule({gv: f for gv, f in mod.functions_items() if not isinstance(f, tirx.PrimFunc) or gv in packing},
