@@ -23,7 +23,7 @@ import onnx
 
 from . import __version__
 from .artifact import Bundle, write_bundle
-from .export import export_onnx, get_metadata
+from .export import export_onnx_cached, get_metadata
 from .graphs import ROOT, GraphSpec, load_graph
 from .parity import DEFAULT_LENGTHS, TOLERANCES, dim_roles, make_inputs, tolerance_for, onnxruntime_runner, torch_reference, usable_lengths
 from .targets import TargetSpec, load_target
@@ -87,7 +87,9 @@ def stage_load(st: CompileState) -> None:
 def stage_export(st: CompileState) -> None:
     if st.spec is None:
         return
-    st.model = export_onnx(st.spec)
+    st.model, cached = export_onnx_cached(st.spec)
+    if cached:
+        st.log("  export: from the cache (same spec, torch and exporter source)")
     st.dump("01-exported.onnx", st.model.SerializeToString())
 
 

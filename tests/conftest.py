@@ -10,6 +10,21 @@ DATA = Path(__file__).parent / "data"
 TINY_SPEC = DATA / "tiny_rope.toml"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _export_cache(tmp_path_factory):
+    """One export cache for the session, not the user's: tests neither read stale
+    entries nor leave any behind."""
+    import os
+    from portable_pe.export import CACHE_ENV
+    before = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("export-cache"))
+    yield
+    if before is None:
+        os.environ.pop(CACHE_ENV, None)
+    else:
+        os.environ[CACHE_ENV] = before
+
+
 @pytest.fixture(scope="session")
 def bundle_factory(tmp_path_factory):
     """compile(graph, target) -> Bundle, cached per (graph, target) for the session."""

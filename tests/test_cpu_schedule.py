@@ -78,6 +78,37 @@ def test_dense_with_a_constant_weight_runs_on_packed_panels():
         np.testing.assert_allclose(got, x @ w + b, rtol=1e-5, atol=1e-5)
 
 
+def test_weights_are_packed_in_numpy_exactly_as_the_packing_kernel_does():
+    """FoldWeightPacking (numpy, from the kernel's index map) against FoldConstant
+    (the packing kernel compiled and run), on the same split-out packing call."""
+    from portable_pe.cpu_schedule.pipeline import CPUDefaultSchedule, MarkConstantWeights, fusion_passes
+    from portable_pe.cpu_schedule.weight_packing import FoldWeightPacking, SplitWeightPacking
+    rng = np.random.default_rng(3)
+    mod = _bound(Dense, w=rng.standard_normal((K, N)).astype("float32"), b=rng.standard_normal(N).astype("float32"))
+    with HOST:
+        split = tvm.transform.Sequential([*fusion_passes(), MarkConstantWeights, CPUDefaultSchedule(HOST),
+                                          SplitWeightPacking])(mod)
+
+    def constants(m):
+        found = []
+        relax.analysis.post_order_visit(m["main"], lambda e: found.append(e.value.numpy())
+                                        if isinstance(e, tvm.ir.GenericConst) and e.value.numpy().ndim == 3 else None)
+        return found
+
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    calls = []
+    relax.analysis.post_order_visit(split["main"], lambda e: calls.append(e)
+                                    if isinstance(e, relax.Call) and e.op.same_as(call_tir) else None)
+    assert len(calls) == 2, "one packing call and the dense kernel"
+    with HOST:
+        by_numpy = constants(FoldWeightPacking(split))
+        by_kernel = constants(relax.transform.FoldConstant()(split))
+    assert len(by_numpy) == len(by_kernel) == 1
+    assert by_numpy[0].shape == (N // _register_tile(HOST, _vector_lanes(HOST), None, N)[1], K,
+                                 _register_tile(HOST, _vector_lanes(HOST), None, N)[1])
+    np.testing.assert_array_equal(by_numpy[0], by_kernel[0])
+
+
 def _parallel_loops(func) -> list:
     return [s for s in _walk(func.body) if _node(s) == "For" and s.kind == tirx.ForKind.PARALLEL]
 

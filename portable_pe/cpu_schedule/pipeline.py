@@ -12,11 +12,13 @@ import tvm
 from tvm import relax, s_tir, tirx
 from tvm.ir import IRModule
 
+from .attention import FuseAttention
 from .fast_math import CPUFastMath
+from .head_reshapes import FusableHeadReshapes
 from .matmul import _match_matmul, _schedule_matmul
 from .reduction import _schedule_reduction_chain
 from .small_work import SerialWhenSmall
-from .weight_packing import MarkConstantWeights, SplitWeightPacking
+from .weight_packing import FoldWeightPacking, MarkConstantWeights, SplitWeightPacking
 from .spatial import _schedule_spatial_block, _try_inline_spatial
 from .tir_util import _is_spatial, _loops_are_plain, _root_block, _vector_lanes
 
@@ -138,6 +140,10 @@ def fusion_passes(*, fast_math: bool = True) -> list:
     """Everything before scheduling: tuning extracts its tasks after exactly these passes,
     so tuned workloads hash the same as the PrimFuncs a compile later looks up."""
     return [
+        # attention as one kernel (CPU targets); before fast math rewrites its softmax
+        FuseAttention(),
+        # head splits/merges and q/k/v splits that FuseOps can fuse at a symbolic length
+        FusableHeadReshapes(),
         # library dispatch
         relax.backend.DispatchSampling(),
         relax.backend.DispatchSortScan(),
@@ -178,8 +184,10 @@ def cpu_pipeline(target: "tvm.target.Target", fast_math: bool = True) -> tvm.tra
             # after the database, whose workloads were hashed without this attribute
             MarkConstantWeights,
             *cpu_schedule_passes(target),
-            # packed weights: split the packing out of each kernel and run it now
+            # packed weights: split the packing out of each kernel and run it now (in
+            # numpy; FoldConstant for any packing kernel numpy does not recognise)
             SplitWeightPacking,
+            FoldWeightPacking,
             relax.transform.FoldConstant(),
             # small nests skip the thread pool, whoever scheduled them
             SerialWhenSmall(),

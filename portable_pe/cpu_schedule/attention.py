@@ -1,0 +1,308 @@
+"""One kernel for softmax(Q·Kᵀ·scale + bias)·V on the CPU, scores kept in cache.
+
+Unfused, attention is three kernels (QK^T with the scale, softmax, P@V) and the
+[B, H, T, S] scores make three round trips through memory: at B=8 T=512 that is
+64 MiB written, read, written and read again per layer, and the two matmuls pad
+copies of their operands because T is symbolic. Here each parallel work item
+takes a block of MI query rows of one (batch, head) and
+
+1. computes their score rows into a [MI, S] scratch (an MI x NJ register tile,
+   one broadcast Q element feeding NJ/lanes FMAs against a contiguous Kᵀ row),
+   adds scale and bias, pads the columns past S with -inf;
+2. turns each row into exp(s - max) in place and keeps 1/sum;
+3. accumulates P·V in an MI x EC register tile and scales it by 1/sum.
+
+The scratch (MI rows of S floats, 16 KiB at S = 512 with MI = 8) stays in L1/L2,
+so the scores never reach memory. This is not online (flash) softmax: the whole
+row is kept, which is fine for encoder lengths (a 64 KiB scratch at S = 2048).
+The kernel is written scheduled (``tirx.is_scheduled``): the schedule rules and
+MetaSchedule leave it alone.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+
+import tvm
+from tvm import relax
+from tvm.ir import IRModule
+
+from .matmul import _register_tile
+from .tir_util import _vector_lanes
+
+logger = logging.getLogger(__package__)
+
+_LOG2E = 1.4426950408889634
+# ln 2 in two parts (Cody-Waite): n * _LN2_HI is exact in float32 for |n| <= 127, so
+# r = x - n ln2 keeps its precision; one float32 ln 2 would cost n * 2e-8 of it.
+_LN2_HI = 0.693359375
+_LN2_LO = -2.12194440e-4
+
+
+def _fast_exp(x):
+    """float32 exp(x) from TIR arithmetic only, so it vectorizes (LLVM scalarizes
+    ``llvm.exp`` into libm calls on x86). exp(x) = 2^n · e^r with n = round(x·log2 e)
+    and |r| <= ln2/2; e^r by its degree-7 Taylor polynomial (truncation error
+    below 3e-9 relative, under float32 rounding); 2^n assembled in the exponent
+    bits. x is clamped to [-88, 88.7]: -inf (the padded columns) and anything
+    below about -87.7 gives exactly 0, because n = -127 makes the exponent field 0."""
+    from tvm import tirx
+    f32 = "float32"
+    x = tirx.max(tirx.min(x, tirx.const(88.7, f32)), tirx.const(-88.0, f32))
+    n = tirx.floor(x * tirx.const(_LOG2E, f32) + tirx.const(0.5, f32))
+    r = (x - n * tirx.const(_LN2_HI, f32)) - n * tirx.const(_LN2_LO, f32)
+    poly = tirx.const(1.0 / math.factorial(7), f32)
+    for k in range(6, -1, -1):
+        poly = poly * r + tirx.const(1.0 / math.factorial(k), f32)
+    bits = tirx.shift_left(tirx.Cast("int32", n) + tirx.const(127, "int32"), tirx.const(23, "int32"))
+    return poly * tirx.reinterpret(f32, bits)
+
+
+@functools.lru_cache(maxsize=None)  # parsing the TVMScript takes ~0.15 s; PrimFuncs are immutable
+def attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float, mi: int, nj: int, ec: int):
+    """The fused PrimFunc for static heads / head dims and symbolic batch and lengths.
+
+    The bias is any [Bb, Hb, Tb, Sb] that broadcasts to the scores [B, H, T, S]: it is
+    read at min(index, dim - 1), which the simplifier folds to 0 for a static 1 and to
+    the index itself where the dims are equal. MI x NJ is the score tile, MI x EC the
+    output tile."""
+    from tvm.script import tirx as T
+
+    H, D, E = heads, qk_dim, v_dim
+    n_ec = E // ec
+    neg_inf = -math.inf
+
+    @T.prim_func(private=True)
+    def fused_attention(q_h: T.handle, kt_h: T.handle, v_h: T.handle, bias_h: T.handle, o_h: T.handle):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        B = T.int64()
+        Tq = T.int64()
+        S = T.int64()
+        Bb = T.int64()
+        Hb = T.int64()
+        Tb = T.int64()
+        Sb = T.int64()
+        q = T.match_buffer(q_h, (B, H, Tq, D), "float32")
+        kt = T.match_buffer(kt_h, (B, H, D, S), "float32")
+        v = T.match_buffer(v_h, (B, H, S, E), "float32")
+        bias = T.match_buffer(bias_h, (Bb, Hb, Tb, Sb), "float32")
+        o = T.match_buffer(o_h, (B, H, Tq, E), "float32")
+        n_rb = T.meta_var((Tq + (mi - 1)) // mi)
+        # Scalars are inlined (meta_var), not assigned: TVMScript makes an assigned scalar a
+        # one-element buffer (a heap workspace per work item, reloaded in every loop).
+        n_full = T.meta_var(S // nj)
+        s_pad = T.meta_var((S + (nj - 1)) // nj * nj)
+        for item in T.parallel(B * H * n_rb):
+            b = T.meta_var(item // (H * n_rb))
+            h = T.meta_var(item // n_rb % H)
+            i0 = T.meta_var(item % n_rb * mi)
+            p = T.decl_buffer((mi, s_pad), "float32")
+            acc = T.decl_buffer((mi, nj), "float32")
+            row_max = T.decl_buffer((mi,), "float32")
+            row_inv = T.decl_buffer((mi,), "float32")
+            lane = T.decl_buffer((nj,), "float32")
+            out = T.decl_buffer((mi, ec), "float32")
+            # 1. scores · scale + bias; full NJ-column blocks, then one clamped tail
+            for jb in range(n_full):
+                for r in T.unroll(mi):
+                    for l in T.vectorized(nj):
+                        acc[r, l] = T.float32(0)
+                for d in range(D):
+                    for r in T.unroll(mi):
+                        for l in T.vectorized(nj):
+                            acc[r, l] = acc[r, l] + q[b, h, T.min(i0 + r, Tq - 1), d] * kt[b, h, d, jb * nj + l]
+                for r in T.unroll(mi):
+                    for l in T.vectorized(nj):
+                        p[r, jb * nj + l] = acc[r, l] * T.float32(scale) + bias[
+                            T.min(b, Bb - 1), T.min(h, Hb - 1), T.min(i0 + r, Tb - 1), T.min(jb * nj + l, Sb - 1)]
+            if n_full * nj < S:
+                for r in T.unroll(mi):
+                    for l in T.vectorized(nj):
+                        acc[r, l] = T.float32(0)
+                for d in range(D):
+                    for r in T.unroll(mi):
+                        for l in range(nj):
+                            acc[r, l] = acc[r, l] + q[b, h, T.min(i0 + r, Tq - 1), d] * kt[
+                                b, h, d, T.min(n_full * nj + l, S - 1)]
+                for r in T.unroll(mi):
+                    for l in range(nj):
+                        p[r, n_full * nj + l] = T.if_then_else(
+                            n_full * nj + l < S,
+                            acc[r, l] * T.float32(scale) + bias[
+                                T.min(b, Bb - 1), T.min(h, Hb - 1), T.min(i0 + r, Tb - 1),
+                                T.min(n_full * nj + l, Sb - 1)],
+                            T.float32(neg_inf))
+            # 2. p = exp(s - row max) in place, 1/row sum kept
+            for r in range(mi):
+                for l in T.vectorized(nj):
+                    lane[l] = T.float32(neg_inf)
+                for jb in range(s_pad // nj):
+                    for l in T.vectorized(nj):
+                        lane[l] = T.max(lane[l], p[r, jb * nj + l])
+                row_max[r] = T.float32(neg_inf)
+                for l in range(nj):
+                    row_max[r] = T.max(row_max[r], lane[l])
+                for l in T.vectorized(nj):
+                    lane[l] = T.float32(0)
+                for jb in range(s_pad // nj):
+                    for l in T.vectorized(nj):
+                        p[r, jb * nj + l] = _fast_exp(p[r, jb * nj + l] - row_max[r])
+                        lane[l] = lane[l] + p[r, jb * nj + l]
+                row_inv[r] = T.float32(0)
+                for l in range(nj):
+                    row_inv[r] = row_inv[r] + lane[l]
+                row_inv[r] = T.float32(1) / row_inv[r]
+            # 3. out = p · v / row sum, EC output columns at a time
+            for c in range(n_ec):
+                for r in T.unroll(mi):
+                    for l in T.vectorized(ec):
+                        out[r, l] = T.float32(0)
+                for j in range(S):
+                    for r in T.unroll(mi):
+                        for l in T.vectorized(ec):
+                            out[r, l] = out[r, l] + p[r, j] * v[b, h, j, c * ec + l]
+                for r in range(mi):
+                    if i0 + r < Tq:
+                        for l in T.vectorized(ec):
+                            o[b, h, i0 + r, c * ec + l] = out[r, l] * row_inv[r]
+
+    return fused_attention
+
+
+# --------------------------------------------------------------------------------------
+# Relax: find softmax(matmul(Q, Kᵀ) · c [+ bias]) @ V and call the fused kernel instead
+# --------------------------------------------------------------------------------------
+def _static(dim):
+    from tvm import tirx
+    return int(dim.value) if isinstance(dim, tirx.IntImm) else None
+
+
+def _tensor_info(expr):
+    ty = expr.ty  # TVM 0.27: Relax exprs carry ``ty`` (TensorType), not ``struct_info``
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    return str(ty.dtype), list(ty.shape.values)
+
+
+def _scalar_constant(expr) -> float | None:
+    # TVM 0.27: Relax constants are tvm.ir.GenericConst, their tensor in ``value``
+    if isinstance(expr, tvm.ir.GenericConst) and expr.value.numpy().size == 1:
+        return float(expr.value.numpy().reshape(()))
+    return None
+
+
+@relax.expr_functor.mutator
+class _AttentionFuser(relax.PyExprMutator):  # pylint: disable=abstract-method
+    def __init__(self, mod: IRModule, target):
+        super().__init__(mod)
+        self.lanes = _vector_lanes(target)
+        self.mi, self.nj = _register_tile(target, self.lanes, None, None)
+        self.kernels: dict[tuple, relax.GlobalVar] = {}
+        self.fused = 0
+
+    def _bound(self, expr, op_name: str):
+        """The call ``expr`` is bound to, when it is a call of ``op_name``."""
+        if not isinstance(expr, relax.Var):
+            return None
+        value = self.lookup_binding(expr)
+        if isinstance(value, relax.Call) and getattr(value.op, "name", None) == op_name:
+            return value
+        return None
+
+    def visit_call_(self, call):  # pylint: disable=arguments-renamed
+        call = super().visit_call_(call)
+        if getattr(call.op, "name", None) != "relax.matmul":
+            return call
+        try:
+            fused = self._fuse(call)
+        except Exception as err:  # pylint: disable=broad-except
+            logger.debug("cpu_schedule: attention not fused: %s", err)
+            fused = None
+        return call if fused is None else fused
+
+    def _fuse(self, pv):
+        softmax = self._bound(pv.args[0], "relax.nn.softmax")
+        if softmax is None:
+            return None
+        logits, bias = softmax.args[0], None
+        add = self._bound(logits, "relax.add")
+        if add is not None:
+            for a, b in (add.args, add.args[::-1]):
+                if self._bound(a, "relax.multiply") is not None:
+                    logits, bias = a, b
+                    break
+            else:
+                return None
+        scaled = self._bound(logits, "relax.multiply")
+        if scaled is None:
+            return None
+        scale = _scalar_constant(scaled.args[1])
+        qk = self._bound(scaled.args[0], "relax.matmul")
+        if scale is None or qk is None:
+            return None
+        q, kt, v = qk.args[0], qk.args[1], pv.args[1]
+        infos = [_tensor_info(x) for x in (q, kt, v, pv)]
+        if any(i is None for i in infos) or any(dt != "float32" or len(shape) != 4 for dt, shape in infos):
+            return None
+        axis = int(softmax.attrs.axis)
+        if axis not in (-1, 3):
+            return None
+        (_, qs), (_, ks), (_, vs), _ = infos
+        heads, d, d_k, e = _static(qs[1]), _static(qs[3]), _static(ks[2]), _static(vs[3])
+        if None in (heads, d, d_k, e) or d != d_k or e % self.lanes:
+            return None
+        ana = tvm.sym.Analyzer()
+        same = lambda a, b: ana.can_prove_equal(a, b)  # noqa: E731
+        if not (same(qs[0], ks[0]) and same(qs[0], vs[0]) and same(qs[1], ks[1]) and same(qs[1], vs[1])
+                and same(ks[3], vs[2])):
+            return None
+        score_shape = [qs[0], qs[1], qs[2], ks[3]]
+        bias4 = self._bias_4d(bias, score_shape, same)
+        if bias4 is None:
+            return None
+        ec = 2 * self.lanes if e % (2 * self.lanes) == 0 else self.lanes
+        key = (heads, d, e, scale, self.mi, self.nj, ec)
+        if key not in self.kernels:
+            func = attention_kernel(heads=heads, qk_dim=d, v_dim=e, scale=scale, mi=self.mi, nj=self.nj, ec=ec)
+            self.kernels[key] = self.builder_.add_func(func, "fused_attention")
+        self.fused += 1
+        out = relax.TensorType([qs[0], qs[1], qs[2], vs[3]], "float32")
+        return relax.call_tir(self.kernels[key], [q, kt, v, bias4], out)
+
+    def _bias_4d(self, bias, score_shape, same):
+        """The bias as a 4-D tensor that broadcasts to the scores (a [1, 1, 1, 1] zero
+        when there is none), or None when it does not broadcast."""
+        import numpy as np
+        if bias is None:
+            return relax.const(np.zeros((1, 1, 1, 1), "float32"))
+        info = _tensor_info(bias)
+        if info is None or info[0] != "float32" or len(info[1]) > 4:
+            return None
+        dims = [tvm.tirx.IntImm("int64", 1)] * (4 - len(info[1])) + list(info[1])
+        if not all(_static(dim) == 1 or same(dim, full) for dim, full in zip(dims, score_shape)):
+            return None
+        if len(info[1]) < 4:
+            bias = self.builder_.emit(relax.op.reshape(bias, dims))
+        return bias
+
+
+@tvm.transform.module_pass(opt_level=0, name="FuseAttention")
+class FuseAttention:  # pylint: disable=too-few-public-methods
+    """Replace softmax(Q·Kᵀ·c [+ bias])·V (float32, 4-D) by one call of the fused kernel.
+
+    CPU (llvm) targets only; before legalization, so the unfused ops never get
+    scheduled. Intermediates the fused call no longer needs are dropped."""
+
+    def transform_module(self, mod: IRModule, _ctx) -> IRModule:
+        target = tvm.target.Target.current(allow_none=True)
+        if target is None or target.kind.name != "llvm":
+            return mod
+        fuser = _AttentionFuser(mod, target)
+        for gv, func in mod.functions_items():
+            if isinstance(func, relax.Function):
+                fuser.builder_.update_func(gv, fuser.visit_expr(func))
+        if not fuser.fused:
+            return mod
+        return relax.transform.DeadCodeElimination()(fuser.builder_.get())
