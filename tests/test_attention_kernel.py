@@ -50,13 +50,25 @@ class HeadBias:  # a T5 / ALiBi style bias: one [H, T, T] table shared by the ba
 
 
 @I.ir_module
-class FullBias:  # a per-batch mask-like bias, added on the left
+class BatchBias:  # a per-batch mask-like bias shared by the heads, added on the left
     @R.function
     def main(q: R.Tensor(("b", H, "t", D), "float32"), k: R.Tensor(("b", H, "t", D), "float32"),
-             v: R.Tensor(("b", H, "t", D), "float32"), bias: R.Tensor(("b", H, "t", "t"), "float32")):
+             v: R.Tensor(("b", H, "t", D), "float32"), bias: R.Tensor(("b", 1, "t", "t"), "float32")):
         with R.dataflow():
             s = R.multiply(R.matmul(q, R.permute_dims(k, [0, 1, 3, 2])), R.const(SCALE, "float32"))
             y = R.matmul(R.nn.softmax(R.add(bias, s), axis=-1), v)
+            R.output(y)
+        return y
+
+
+@I.ir_module
+class PositionBias:  # one [T, T] table for every batch and head
+    @R.function
+    def main(q: R.Tensor(("b", H, "t", D), "float32"), k: R.Tensor(("b", H, "t", D), "float32"),
+             v: R.Tensor(("b", H, "t", D), "float32"), bias: R.Tensor(("t", "t"), "float32")):
+        with R.dataflow():
+            s = R.multiply(R.matmul(q, R.permute_dims(k, [0, 1, 3, 2])), R.const(SCALE, "float32"))
+            y = R.matmul(R.nn.softmax(R.add(s, bias), axis=-1), v)
             R.output(y)
         return y
 
@@ -98,7 +110,11 @@ def test_fast_exp_matches_numpy_and_sends_minus_infinity_to_zero():
     assert y.numpy()[-2] == 0.0 and y.numpy()[-1] == 0.0
 
 
-@pytest.mark.parametrize("module", [NoBias, HeadBias, FullBias], ids=["no-bias", "head-bias", "batch-bias"])
+BIAS_SHAPES = {NoBias: None, HeadBias: lambda b, t: (H, t, t), BatchBias: lambda b, t: (b, 1, t, t),
+               PositionBias: lambda b, t: (t, t)}
+
+
+@pytest.mark.parametrize("module", list(BIAS_SHAPES), ids=["no-bias", "head-bias", "batch-bias", "position-bias"])
 def test_attention_becomes_one_kernel_and_matches_numpy(module):
     names = _kernel_names(module)
     assert "fused_attention" in names
@@ -108,11 +124,8 @@ def test_attention_becomes_one_kernel_and_matches_numpy(module):
     for b, t in [(1, 1), (2, 5), (1, 77), (2, 300)]:  # 77 and 300: ragged row blocks and column tails
         q, k, v = (rng.standard_normal((b, H, t, D), dtype=np.float32) for _ in range(3))
         args, bias = [q, k, v], None
-        if module is HeadBias:
-            bias = rng.standard_normal((H, t, t), dtype=np.float32)
-        elif module is FullBias:
-            bias = rng.standard_normal((b, H, t, t), dtype=np.float32)
-        if bias is not None:
+        if BIAS_SHAPES[module] is not None:
+            bias = rng.standard_normal(BIAS_SHAPES[module](b, t), dtype=np.float32)
             args.append(bias)
         got = vm["main"](*[tvm.runtime.tensor(a, tvm.cpu()) for a in args]).numpy()
         np.testing.assert_allclose(got, _reference(q, k, v, bias), rtol=1e-5, atol=2e-6)

@@ -25,6 +25,8 @@ import functools
 import logging
 import math
 
+import numpy as np
+
 import tvm
 from tvm import relax
 from tvm.ir import IRModule
@@ -61,16 +63,25 @@ def _fast_exp(x):
 
 
 @functools.lru_cache(maxsize=None)  # parsing the TVMScript takes ~0.15 s; PrimFuncs are immutable
-def attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float, mi: int, nj: int, ec: int):
+def attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float, mi: int, nj: int, ec: int,
+                     bias_dims: tuple[str, ...] = ("1",)):
     """The fused PrimFunc for static heads / head dims and symbolic batch and lengths.
 
-    The bias is any [Bb, Hb, Tb, Sb] that broadcasts to the scores [B, H, T, S]: it is
-    read at min(index, dim - 1), which the simplifier folds to 0 for a static 1 and to
-    the index itself where the dims are equal. MI x NJ is the score tile, MI x EC the
-    output tile."""
+    ``bias_dims`` names the bias's dims, right-aligned against the scores [B, H, T, S]:
+    "b", "h", "t", "s" for a dim it has, "1" for one it broadcasts (size 1), e.g.
+    ("h", "t", "s") for a T5 or ALiBi table shared by the batch, ("1",) for no bias (a
+    one-element zero). MI x NJ is the score tile, MI x EC the output tile.
+    """
     from tvm.script import tirx as T
 
     H, D, E = heads, qk_dim, v_dim
+
+    def bias_shape(B, Tq, S):  # the bias buffer: the score dims it has, 1 for the others
+        return tuple({"b": B, "h": H, "t": Tq, "s": S, "1": 1}[d] for d in bias_dims)
+
+    def bias_at(b, h, i, j):  # its element for score (b, h, i, j); called while parsing
+        return tuple({"b": b, "h": h, "t": i, "s": j, "1": 0}[d] for d in bias_dims)
+
     n_ec = E // ec
     neg_inf = -math.inf
 
@@ -80,14 +91,10 @@ def attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float, mi: i
         B = T.int64()
         Tq = T.int64()
         S = T.int64()
-        Bb = T.int64()
-        Hb = T.int64()
-        Tb = T.int64()
-        Sb = T.int64()
         q = T.match_buffer(q_h, (B, H, Tq, D), "float32")
         kt = T.match_buffer(kt_h, (B, H, D, S), "float32")
         v = T.match_buffer(v_h, (B, H, S, E), "float32")
-        bias = T.match_buffer(bias_h, (Bb, Hb, Tb, Sb), "float32")
+        bias = T.match_buffer(bias_h, bias_shape(B, Tq, S), "float32")
         o = T.match_buffer(o_h, (B, H, Tq, E), "float32")
         n_rb = T.meta_var((Tq + (mi - 1)) // mi)
         # Scalars are inlined (meta_var), not assigned: TVMScript makes an assigned scalar a
@@ -116,7 +123,7 @@ def attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float, mi: i
                 for r in T.unroll(mi):
                     for l in T.vectorized(nj):
                         p[r, jb * nj + l] = acc[r, l] * T.float32(scale) + bias[
-                            T.min(b, Bb - 1), T.min(h, Hb - 1), T.min(i0 + r, Tb - 1), T.min(jb * nj + l, Sb - 1)]
+                            bias_at(b, h, T.min(i0 + r, Tq - 1), jb * nj + l)]
             if n_full * nj < S:
                 for r in T.unroll(mi):
                     for l in T.vectorized(nj):
@@ -131,8 +138,7 @@ def attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float, mi: i
                         p[r, n_full * nj + l] = T.if_then_else(
                             n_full * nj + l < S,
                             acc[r, l] * T.float32(scale) + bias[
-                                T.min(b, Bb - 1), T.min(h, Hb - 1), T.min(i0 + r, Tb - 1),
-                                T.min(n_full * nj + l, Sb - 1)],
+                                bias_at(b, h, T.min(i0 + r, Tq - 1), T.min(n_full * nj + l, S - 1))],
                             T.float32(neg_inf))
             # 2. p = exp(s - row max) in place, 1/row sum kept
             for r in range(mi):
@@ -259,33 +265,41 @@ class _AttentionFuser(relax.PyExprMutator):  # pylint: disable=abstract-method
                 and same(ks[3], vs[2])):
             return None
         score_shape = [qs[0], qs[1], qs[2], ks[3]]
-        bias4 = self._bias_4d(bias, score_shape, same)
-        if bias4 is None:
+        layout = self._bias_layout(bias, score_shape, same)
+        if layout is None:
             return None
+        if bias is None:
+            bias = relax.const(np.zeros((1,), "float32"))
         ec = 2 * self.lanes if e % (2 * self.lanes) == 0 else self.lanes
-        key = (heads, d, e, scale, self.mi, self.nj, ec)
+        key = (heads, d, e, scale, self.mi, self.nj, ec, layout)
         if key not in self.kernels:
-            func = attention_kernel(heads=heads, qk_dim=d, v_dim=e, scale=scale, mi=self.mi, nj=self.nj, ec=ec)
+            func = attention_kernel(heads=heads, qk_dim=d, v_dim=e, scale=scale, mi=self.mi, nj=self.nj, ec=ec,
+                                    bias_dims=layout)
             self.kernels[key] = self.builder_.add_func(func, "fused_attention")
         self.fused += 1
         out = relax.TensorType([qs[0], qs[1], qs[2], vs[3]], "float32")
-        return relax.call_tir(self.kernels[key], [q, kt, v, bias4], out)
+        return relax.call_tir(self.kernels[key], [q, kt, v, bias], out)
 
-    def _bias_4d(self, bias, score_shape, same):
-        """The bias as a 4-D tensor that broadcasts to the scores (a [1, 1, 1, 1] zero
-        when there is none), or None when it does not broadcast."""
-        import numpy as np
+    @staticmethod
+    def _bias_layout(bias, score_shape, same) -> tuple[str, ...] | None:
+        """The kernel's ``bias_dims`` for this bias (("1",) for none), or None when the
+        bias does not broadcast to the scores. The bias is passed as it is: reshaping a
+        table the layers share would be one more call per layer."""
         if bias is None:
-            return relax.const(np.zeros((1, 1, 1, 1), "float32"))
+            return ("1",)
         info = _tensor_info(bias)
-        if info is None or info[0] != "float32" or len(info[1]) > 4:
+        if info is None or info[0] != "float32" or not 1 <= len(info[1]) <= 4:
             return None
-        dims = [tvm.tirx.IntImm("int64", 1)] * (4 - len(info[1])) + list(info[1])
-        if not all(_static(dim) == 1 or same(dim, full) for dim, full in zip(dims, score_shape)):
-            return None
-        if len(info[1]) < 4:
-            bias = self.builder_.emit(relax.op.reshape(bias, dims))
-        return bias
+        rank = len(info[1])
+        layout = []
+        for dim, full, name in zip(info[1], score_shape[4 - rank:], "bhts"[4 - rank:]):
+            if _static(dim) == 1:
+                layout.append("1")
+            elif same(dim, full):
+                layout.append(name)
+            else:
+                return None
+        return tuple(layout)
 
 
 @tvm.transform.module_pass(opt_level=0, name="FuseAttention")
