@@ -1,8 +1,8 @@
 """One kernel for softmax(Q·Kᵀ·scale + bias)·V on the CPU, scores kept in cache.
 
 Unfused, attention is three kernels (QK^T with the scale, softmax, P@V) and the
-[B, H, T, S] scores make three round trips through memory: at B=8 T=512 that is
-64 MiB written, read, written and read again per layer, and the two matmuls pad
+[B, H, T, S] scores make three round trips through memory: at B=8 T=512 with 4
+heads that is 32 MiB written, read, written and read again per layer, and the two matmuls pad
 copies of their operands because T is symbolic. Here each parallel work item
 takes a block of MI query rows of one (batch, head) and
 
@@ -12,9 +12,9 @@ takes a block of MI query rows of one (batch, head) and
 2. turns each row into exp(s - max) in place and keeps 1/sum;
 3. accumulates P·V in an MI x EC register tile and scales it by 1/sum.
 
-The scratch (MI rows of S floats, 16 KiB at S = 512 with MI = 8) stays in L1/L2,
-so the scores never reach memory. This is not online (flash) softmax: the whole
-row is kept, which is fine for encoder lengths (a 64 KiB scratch at S = 2048).
+The scratch (MI rows of S floats: 14 KiB at S = 512 with AVX-512's MI = 7) stays in
+L1/L2, so the scores never reach memory. This is not online (flash) softmax: the
+whole row is kept, which is fine for encoder lengths (56 KiB at S = 2048).
 The kernel is written scheduled (``tirx.is_scheduled``): the schedule rules and
 MetaSchedule leave it alone.
 """
@@ -32,7 +32,7 @@ from tvm import relax
 from tvm.ir import IRModule
 
 from .matmul import _register_tile
-from .tir_util import _vector_lanes
+from .tir_util import _const_int, _tensor_type, _vector_lanes
 
 logger = logging.getLogger(__package__)
 
@@ -48,11 +48,13 @@ def _fast_exp(x):
     ``llvm.exp`` into libm calls on x86). exp(x) = 2^n · e^r with n = round(x·log2 e)
     and |r| <= ln2/2; e^r by its degree-7 Taylor polynomial (truncation error
     below 3e-9 relative, under float32 rounding); 2^n assembled in the exponent
-    bits. x is clamped to [-88, 88.7]: -inf (the padded columns) and anything
-    below about -87.7 gives exactly 0, because n = -127 makes the exponent field 0."""
+    bits. x is clamped to [-88, 88.3], which keeps n in [-127, 127]: -inf (the padded
+    columns) and anything below about -87.7 give exactly 0 (n = -127 makes the
+    exponent field 0); above 88.3 the result saturates at exp(88.3) ~ 2e38 instead of
+    overflowing (softmax only calls it on s - max <= 0)."""
     from tvm import tirx
     f32 = "float32"
-    x = tirx.max(tirx.min(x, tirx.const(88.7, f32)), tirx.const(-88.0, f32))
+    x = tirx.max(tirx.min(x, tirx.const(88.3, f32)), tirx.const(-88.0, f32))
     n = tirx.floor(x * tirx.const(_LOG2E, f32) + tirx.const(0.5, f32))
     r = (x - n * tirx.const(_LN2_HI, f32)) - n * tirx.const(_LN2_LO, f32)
     poly = tirx.const(1.0 / math.factorial(7), f32)
@@ -180,18 +182,6 @@ def attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float, mi: i
 # --------------------------------------------------------------------------------------
 # Relax: find softmax(matmul(Q, Kᵀ) · c [+ bias]) @ V and call the fused kernel instead
 # --------------------------------------------------------------------------------------
-def _static(dim):
-    from tvm import tirx
-    return int(dim.value) if isinstance(dim, tirx.IntImm) else None
-
-
-def _tensor_info(expr):
-    ty = expr.ty  # TVM 0.27: Relax exprs carry ``ty`` (TensorType), not ``struct_info``
-    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
-        return None
-    return str(ty.dtype), list(ty.shape.values)
-
-
 def _scalar_constant(expr) -> float | None:
     # TVM 0.27: Relax constants are tvm.ir.GenericConst, their tensor in ``value``
     if isinstance(expr, tvm.ir.GenericConst) and expr.value.numpy().size == 1:
@@ -249,14 +239,14 @@ class _AttentionFuser(relax.PyExprMutator):  # pylint: disable=abstract-method
         if scale is None or qk is None:
             return None
         q, kt, v = qk.args[0], qk.args[1], pv.args[1]
-        infos = [_tensor_info(x) for x in (q, kt, v, pv)]
+        infos = [_tensor_type(x) for x in (q, kt, v, pv)]
         if any(i is None for i in infos) or any(dt != "float32" or len(shape) != 4 for dt, shape in infos):
             return None
         axis = int(softmax.attrs.axis)
         if axis not in (-1, 3):
             return None
         (_, qs), (_, ks), (_, vs), _ = infos
-        heads, d, d_k, e = _static(qs[1]), _static(qs[3]), _static(ks[2]), _static(vs[3])
+        heads, d, d_k, e = _const_int(qs[1]), _const_int(qs[3]), _const_int(ks[2]), _const_int(vs[3])
         if None in (heads, d, d_k, e) or d != d_k or e % self.lanes:
             return None
         ana = tvm.sym.Analyzer()
@@ -287,13 +277,13 @@ class _AttentionFuser(relax.PyExprMutator):  # pylint: disable=abstract-method
         table the layers share would be one more call per layer."""
         if bias is None:
             return ("1",)
-        info = _tensor_info(bias)
+        info = _tensor_type(bias)
         if info is None or info[0] != "float32" or not 1 <= len(info[1]) <= 4:
             return None
         rank = len(info[1])
         layout = []
         for dim, full, name in zip(info[1], score_shape[4 - rank:], "bhts"[4 - rank:]):
-            if _static(dim) == 1:
+            if _const_int(dim) == 1:
                 layout.append("1")
             elif same(dim, full):
                 layout.append(name)

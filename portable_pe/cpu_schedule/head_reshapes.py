@@ -25,22 +25,18 @@ import tvm
 from tvm import relax, tirx
 from tvm.ir import IRModule
 
+from .tir_util import _const_int, _tensor_type
+
 logger = logging.getLogger(__package__)
 
 
 def _shape(expr):
-    ty = expr.ty  # TVM 0.27: Relax exprs carry ``ty`` (TensorType), not ``struct_info``
-    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
-        return None
-    return list(ty.shape.values)
-
-
-def _static(dim):
-    return int(dim.value) if isinstance(dim, tirx.IntImm) else None
+    info = _tensor_type(expr)
+    return None if info is None else info[1]
 
 
 def _symbolic(shape) -> bool:
-    return any(_static(d) is None for d in shape)
+    return any(_const_int(d) is None for d in shape)
 
 
 def _same_dims(a, b) -> bool:
@@ -74,13 +70,13 @@ class _HeadReshapeRewriter(relax.PyExprMutator):  # pylint: disable=abstract-met
         if src is None or dst is None or not (_symbolic(src) or _symbolic(dst)):
             return call
         if len(dst) == len(src) + 1 and _same_dims(src[:-1], dst[:-2]):
-            heads, head_dim, width = _static(dst[-2]), _static(dst[-1]), _static(src[-1])
+            heads, head_dim, width = _const_int(dst[-2]), _const_int(dst[-1]), _const_int(src[-1])
             if None not in (heads, head_dim, width) and heads * head_dim == width:
                 self.rewritten += 1
                 return self.builder_.call_te(_split_last, call.args[0], heads, head_dim,
                                              primfunc_name_hint="split_heads")
         if len(src) == len(dst) + 1 and _same_dims(src[:-2], dst[:-1]):
-            heads, head_dim, width = _static(src[-2]), _static(src[-1]), _static(dst[-1])
+            heads, head_dim, width = _const_int(src[-2]), _const_int(src[-1]), _const_int(dst[-1])
             if None not in (heads, head_dim, width) and heads * head_dim == width:
                 self.rewritten += 1
                 return self.builder_.call_te(_merge_last, call.args[0], head_dim,
@@ -97,7 +93,7 @@ class _HeadReshapeRewriter(relax.PyExprMutator):  # pylint: disable=abstract-met
         if src is None or not _symbolic(src):
             return op
         axis = int(split.attrs.axis) % len(src)
-        width = _static(src[axis])
+        width = _const_int(src[axis])
         sections = split.attrs.indices_or_sections
         if width is None:
             return op
