@@ -60,37 +60,8 @@ def _serial(loop):
                     loop.thread_binding, loop.annotations)
 
 
-def _wrapped(stmt, buffers):
-    """``stmt`` inside an opaque block that allocates ``buffers`` (nothing to wrap: as is)."""
-    if not buffers:
-        return stmt
-    block = s_tir.SBlock([], [], [], "small_work_scope", stmt, None, buffers)
-    return s_tir.SBlockRealize([], tirx.const(True, "bool"), block)
-
-
-def _reparsed(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """``func`` printed and parsed back: every allocation site gets its own buffer.
-
-    The two copies of a nest allocate the same intermediate (same Buffer object) in
-    their own wrapper blocks, which TIR rejects ("duplicate definitions"); ConvertSSA
-    renames loop and block variables but not buffers, and TVM 0.27 has no Python
-    statement mutator to substitute them. The TVMScript parser creates a new buffer at
-    each allocation it reads, which is exactly the renaming needed (about 50 ms for a
-    matmul kernel)."""
-    import typing
-    from tvm.script import tirx as T
-    return tvm.script.from_source(func.script(), extra_vars={"T": T, "TypeVar": typing.TypeVar})
-
-
 def serial_when_small(func: tirx.PrimFunc, limit: int = SERIAL_BELOW_ITERATIONS) -> tirx.PrimFunc:
     """``func`` with each top-level parallel nest guarded by a work test (or made serial)."""
-    try:
-        return _serial_when_small(func, limit, copy_private=True)
-    except Exception:  # pylint: disable=broad-except  # a script that does not parse back
-        return _serial_when_small(func, limit, copy_private=False)
-
-
-def _serial_when_small(func: tirx.PrimFunc, limit: int, *, copy_private: bool) -> tirx.PrimFunc:
     realize = func.body
     if _node(realize) != "SBlockRealize":
         return func
@@ -107,7 +78,6 @@ def _serial_when_small(func: tirx.PrimFunc, limit: int, *, copy_private: bool) -
         for n, alloc in enumerate(allocs):
             if any(buf.same_as(alloc) for buf in touched):
                 owners[n].add(index)
-    moved = []  # root buffers now allocated by the wrappers of a nest's two copies
     for index, stmt in enumerate(items):
         if _node(stmt) != "For" or stmt.kind != tirx.ForKind.PARALLEL:
             new_items.append(stmt)
@@ -120,28 +90,24 @@ def _serial_when_small(func: tirx.PrimFunc, limit: int, *, copy_private: bool) -
             changed |= small
             continue
         # A root-allocated intermediate of this nest only (a matmul's accumulator tile, a
-        # norm's row sums) must not stay at the root: as the common ancestor of its two
-        # copies' uses, the root is where TVM would then allocate it, full size, on the
-        # heap, instead of a compact per-tile stack array (measured: an attention QK^T
-        # at T=512 ran 2-3x slower, its accumulator stored after every FMA). Each copy
-        # allocates its own, in a wrapper block. Intermediates shared with another nest
-        # are at the root either way.
-        private = [a for a, users in zip(allocs, owners) if users == {index}]
-        if private and not copy_private:
+        # norm's row sums) is compacted by TVM into a small stack array at the nest's
+        # loop that uses it. Two copies of the nest would make the root the common
+        # ancestor of its uses: TVM then allocates it there, full size, on the heap
+        # (measured: an attention QK^T at T=512 ran 2-3x slower, its accumulator stored
+        # after every FMA). Such nests keep one, parallel, copy. Intermediates shared
+        # with another nest (a matmul's zero-padded operand) are at the root either way,
+        # so those nests are guarded: the pad copies before each matmul, for one.
+        if any(users == {index} for users in owners):
             new_items.append(stmt)
             continue
-        moved += private
-        new_items.append(tirx.IfThenElse(small, _wrapped(_serial(stmt), private), _wrapped(stmt, private)))
+        new_items.append(tirx.IfThenElse(small, _serial(stmt), stmt))
         changed = True
     if not changed:
         return func
     new_body = new_items[0] if len(new_items) == 1 else tirx.SeqStmt(new_items)
-    kept = [a for a in root.alloc_buffers if not any(a.same_as(m) for m in moved)]
     new_root = s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, new_body, root.init,
-                            kept, root.match_buffers, root.annotations)
+                            root.alloc_buffers, root.match_buffers, root.annotations)
     new_func = func.with_body(s_tir.SBlockRealize(realize.iter_values, realize.predicate, new_root))
-    if moved:
-        return _reparsed(new_func)
     # The two copies of a nest define the same loop and block variables: give each its own.
     return s_tir.transform.ConvertSSA()(IRModule({"main": new_func}))["main"]
 
