@@ -84,7 +84,7 @@ def export_key(spec: GraphSpec, opset: int = EXPORT_OPSET) -> str:
 def export_onnx_cached(spec: GraphSpec, *, opset: int = EXPORT_OPSET) -> tuple[onnx.ModelProto, bool]:
     """export_onnx through the on-disk cache: (model, whether it came from the cache).
 
-    The torch export is most of a compile's time (6-9 s of 12 for the rope encoder on a
+    The torch export is most of a compile's time (7-7.5 s of 12-13 for the rope encoder on a
     2-core machine) and gives the same model every time for the same key. A cache entry
     is written atomically; one that fails to load is exported again and replaced."""
     folder = cache_dir()
