@@ -109,6 +109,25 @@ def test_weights_are_packed_in_numpy_exactly_as_the_packing_kernel_does():
     np.testing.assert_array_equal(by_numpy[0], by_kernel[0])
 
 
+@I.ir_module
+class EvenElements:  # the even half of interleaved pairs: an innermost dim of 1
+    @R.function
+    def main(x: R.Tensor(("seq", 32, 2), "float32")):
+        with R.dataflow():
+            y = R.strided_slice(x, axes=[2], begin=[0], end=[1])
+            R.output(y)
+        return y
+
+
+def test_inner_dims_narrower_than_a_vector_are_fused_and_vectorized():
+    (func,) = [f for f in _scheduled(EvenElements).functions.values() if isinstance(f, tirx.PrimFunc)]
+    vectorized = [s for s in _walk(func.body) if _node(s) == "For" and s.kind == tirx.ForKind.VECTORIZED]
+    assert vectorized and all(int(s.extent) >= _vector_lanes(HOST) for s in vectorized), func.script()
+    vm = relax.VirtualMachine(tvm.compile(EvenElements, target=HOST, relax_pipeline=cpu_pipeline(HOST)), tvm.cpu())
+    x = np.random.default_rng(4).standard_normal((5, 32, 2)).astype("float32")
+    np.testing.assert_array_equal(vm["main"](tvm.runtime.tensor(x)).numpy(), x[:, :, :1])
+
+
 def _parallel_loops(func) -> list:
     return [s for s in _walk(func.body) if _node(s) == "For" and s.kind == tirx.ForKind.PARALLEL]
 

@@ -114,6 +114,14 @@ def _schedule_spatial_block(sch, block, lanes, parallel=True):
     loops = sch.get_loops(block)
     if not loops:
         return
+    # An innermost dim narrower than a vector (the pairs of an interleaved rotation,
+    # [..., 32, 2] or [..., 32, 1]) leaves nothing to vectorize: fuse static inner dims
+    # until they fill one.
+    while len(loops) > 1:
+        inner_ext, next_ext = _loop_extent(sch, loops[-1]), _loop_extent(sch, loops[-2])
+        if inner_ext is None or next_ext is None or inner_ext >= lanes:
+            break
+        loops = [*loops[:-2], sch.fuse(loops[-2], loops[-1])]
     inner = loops[-1]
     rest = list(loops[:-1])
     ext = _loop_extent(sch, inner)
