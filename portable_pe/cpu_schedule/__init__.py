@@ -12,6 +12,8 @@ vectorized, register-tiled CPU schedule without any tuning:
   tiled by ``NJ`` lanes (vectorized), the reduction innermost over the tile,
   epilogue (bias, scale, GELU, residual ...) computed per tile; a constant weight
   is stored as contiguous ``[N/NJ, K, NJ]`` panels, packed once at compile time;
+* attention (``softmax(Q·Kᵀ·c [+ bias])·V``) is replaced, before legalization, by one
+  kernel that keeps each block of score rows in cache;
 * row reductions (softmax, layer-norm, RMS-norm, mean ...) get one parallel
   loop over rows, with all the row's stages computed inside it and the
   elementwise stages vectorized;
@@ -40,6 +42,8 @@ Modules
 ``matmul``     matmul matching and the register-blocked micro-kernel schedule
 ``reduction``  the row-reduction-chain rule (softmax / norms)
 ``fast_math``  ``CPUFastMath``: vectorizable gelu/softmax/exp/erf/tanh
+``attention`` ``FuseAttention``: softmax(Q·Kᵀ·c [+ bias])·V as one hand-scheduled kernel
+``head_reshapes``  ``FusableHeadReshapes``: head splits/merges FuseOps can fuse at a symbolic T
 ``weight_packing``  constant weights marked, packing split out and folded at compile time
 ``small_work`` ``SerialWhenSmall``: serial copies of parallel nests, chosen by work size
 ``pipeline``   rule dispatch per PrimFunc and the Relax pass lists / pipeline
