@@ -6,8 +6,6 @@ import numpy as np
 import pytest
 import tvm
 from tvm import relax, tirx
-from tvm.script import ir as I
-from tvm.script import relax as R
 from tvm.script import tirx as T
 
 from portable_pe.cpu_schedule import cpu_pipeline, fusion_passes
@@ -25,64 +23,32 @@ def _reference(q, k, v, bias=None, axis=-1):
     return (e / e.sum(axis=axis, keepdims=True)) @ v.astype(np.float64)
 
 
-@I.ir_module
-class NoBias:
-    @R.function
-    def main(q: R.Tensor(("b", H, "t", D), "float32"), k: R.Tensor(("b", H, "t", D), "float32"),
-             v: R.Tensor(("b", H, "t", D), "float32")):
-        with R.dataflow():
-            s = R.multiply(R.matmul(q, R.permute_dims(k, [0, 1, 3, 2])), R.const(SCALE, "float32"))
-            y = R.matmul(R.nn.softmax(s, axis=-1), v)
-            R.output(y)
-        return y
+def _attention(bias: tuple | None = None, *, bias_first: bool = False, axis: int = -1):
+    """softmax(Q·Kᵀ·SCALE [+ bias], axis) @ V over q, k, v [b, H, t, D] (b, t symbolic).
+
+    ``bias`` names the bias dims ("b", "t" or a number), e.g. (H, "t", "t") for a T5 or
+    ALiBi table; ``bias_first`` adds it on the left."""
+    dims = {"b": tirx.Var("b", "int64"), "t": tirx.Var("t", "int64")}
+    q, k, v = (relax.Var(n, relax.TensorType([dims["b"], H, dims["t"], D], "float32")) for n in "qkv")
+    params = [q, k, v]
+    if bias is not None:
+        params.append(relax.Var("bias", relax.TensorType([dims.get(d, d) for d in bias], "float32")))
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            s = bb.emit(relax.op.multiply(relax.op.matmul(q, relax.op.permute_dims(k, [0, 1, 3, 2])),
+                                          relax.const(SCALE, "float32")))
+            if bias is not None:
+                s = bb.emit(relax.op.add(params[3], s) if bias_first else relax.op.add(s, params[3]))
+            y = bb.emit_output(relax.op.matmul(relax.op.nn.softmax(s, axis=axis), v))
+        bb.emit_func_output(y)
+    return bb.get()
 
 
-@I.ir_module
-class HeadBias:  # a T5 / ALiBi style bias: one [H, T, T] table shared by the batch
-    @R.function
-    def main(q: R.Tensor(("b", H, "t", D), "float32"), k: R.Tensor(("b", H, "t", D), "float32"),
-             v: R.Tensor(("b", H, "t", D), "float32"), bias: R.Tensor((H, "t", "t"), "float32")):
-        with R.dataflow():
-            s = R.multiply(R.matmul(q, R.permute_dims(k, [0, 1, 3, 2])), R.const(SCALE, "float32"))
-            y = R.matmul(R.nn.softmax(R.add(s, bias), axis=-1), v)
-            R.output(y)
-        return y
-
-
-@I.ir_module
-class BatchBias:  # a per-batch mask-like bias shared by the heads, added on the left
-    @R.function
-    def main(q: R.Tensor(("b", H, "t", D), "float32"), k: R.Tensor(("b", H, "t", D), "float32"),
-             v: R.Tensor(("b", H, "t", D), "float32"), bias: R.Tensor(("b", 1, "t", "t"), "float32")):
-        with R.dataflow():
-            s = R.multiply(R.matmul(q, R.permute_dims(k, [0, 1, 3, 2])), R.const(SCALE, "float32"))
-            y = R.matmul(R.nn.softmax(R.add(bias, s), axis=-1), v)
-            R.output(y)
-        return y
-
-
-@I.ir_module
-class PositionBias:  # one [T, T] table for every batch and head
-    @R.function
-    def main(q: R.Tensor(("b", H, "t", D), "float32"), k: R.Tensor(("b", H, "t", D), "float32"),
-             v: R.Tensor(("b", H, "t", D), "float32"), bias: R.Tensor(("t", "t"), "float32")):
-        with R.dataflow():
-            s = R.multiply(R.matmul(q, R.permute_dims(k, [0, 1, 3, 2])), R.const(SCALE, "float32"))
-            y = R.matmul(R.nn.softmax(R.add(s, bias), axis=-1), v)
-            R.output(y)
-        return y
-
-
-@I.ir_module
-class SoftmaxOverQueries:  # not attention as the kernel computes it: must stay unfused
-    @R.function
-    def main(q: R.Tensor(("b", H, "t", D), "float32"), k: R.Tensor(("b", H, "t", D), "float32"),
-             v: R.Tensor(("b", H, "t", D), "float32")):
-        with R.dataflow():
-            s = R.multiply(R.matmul(q, R.permute_dims(k, [0, 1, 3, 2])), R.const(SCALE, "float32"))
-            y = R.matmul(R.nn.softmax(s, axis=2), v)
-            R.output(y)
-        return y
+# bias dims of the fused forms: none, a T5 / ALiBi table shared by the batch, a
+# per-batch mask shared by the heads (added on the left), one table for every batch and head
+BIASES = {"no-bias": (None, False), "head-bias": ((H, "t", "t"), False),
+          "batch-bias": (("b", 1, "t", "t"), True), "position-bias": (("t", "t"), False)}
 
 
 def _kernel_names(mod):
@@ -111,12 +77,10 @@ def test_fast_exp_matches_numpy_sends_minus_infinity_to_zero_and_saturates():
     assert np.all(np.isfinite(y.numpy()[-2:])) and np.all(y.numpy()[-2:] > 1e38)  # saturates, no inf
 
 
-BIAS_SHAPES = {NoBias: None, HeadBias: lambda b, t: (H, t, t), BatchBias: lambda b, t: (b, 1, t, t),
-               PositionBias: lambda b, t: (t, t)}
-
-
-@pytest.mark.parametrize("module", list(BIAS_SHAPES), ids=["no-bias", "head-bias", "batch-bias", "position-bias"])
-def test_attention_becomes_one_kernel_and_matches_numpy(module):
+@pytest.mark.parametrize("form", list(BIASES))
+def test_attention_becomes_one_kernel_and_matches_numpy(form):
+    bias_dims, bias_first = BIASES[form]
+    module = _attention(bias_dims, bias_first=bias_first)
     names = _kernel_names(module)
     assert "fused_attention" in names
     assert not [n for n in names if "softmax" in n or "matmul" in n], names
@@ -125,17 +89,17 @@ def test_attention_becomes_one_kernel_and_matches_numpy(module):
     for b, t in [(1, 1), (2, 5), (1, 77), (2, 300)]:  # 77 and 300: ragged row blocks and column tails
         q, k, v = (rng.standard_normal((b, H, t, D), dtype=np.float32) for _ in range(3))
         args, bias = [q, k, v], None
-        if BIAS_SHAPES[module] is not None:
-            bias = rng.standard_normal(BIAS_SHAPES[module](b, t), dtype=np.float32)
+        if bias_dims is not None:
+            bias = rng.standard_normal([{"b": b, "t": t}.get(d, d) for d in bias_dims], dtype=np.float32)
             args.append(bias)
         got = vm["main"](*[tvm.runtime.tensor(a, tvm.cpu()) for a in args]).numpy()
         np.testing.assert_allclose(got, _reference(q, k, v, bias), rtol=1e-5, atol=2e-6)
 
 
 def test_softmax_over_another_axis_is_left_alone():
-    assert "fused_attention" not in _kernel_names(SoftmaxOverQueries)
-    vm = relax.VirtualMachine(tvm.compile(SoftmaxOverQueries, target=HOST, relax_pipeline=cpu_pipeline(HOST)),
-                              tvm.cpu())
+    over_queries = _attention(axis=2)  # not attention as the kernel computes it
+    assert "fused_attention" not in _kernel_names(over_queries)
+    vm = relax.VirtualMachine(tvm.compile(over_queries, target=HOST, relax_pipeline=cpu_pipeline(HOST)), tvm.cpu())
     rng = np.random.default_rng(1)
     q, k, v = (rng.standard_normal((1, H, 9, D), dtype=np.float32) for _ in range(3))
     got = vm["main"](*[tvm.runtime.tensor(a, tvm.cpu()) for a in (q, k, v)]).numpy()

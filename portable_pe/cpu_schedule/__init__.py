@@ -38,6 +38,7 @@ Public API
 Modules
 -------
 ``tir_util``   target facts (SIMD lanes, cores) and small TIR inspection helpers
+``relax_util`` a Relax tensor's dtype and dims; one mutator over every Relax function
 ``spatial``    inlining, vectorize/parallel helpers, the generic injective rule
 ``matmul``     matmul matching and the register-blocked micro-kernel schedule
 ``reduction``  the row-reduction-chain rule (softmax / norms)

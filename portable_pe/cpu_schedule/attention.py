@@ -32,7 +32,8 @@ from tvm import relax
 from tvm.ir import IRModule
 
 from .matmul import _register_tile
-from .tir_util import _const_int, _tensor_type, _vector_lanes
+from .relax_util import _mutate_relax_functions, _tensor_type
+from .tir_util import _const_int, _vector_lanes
 
 logger = logging.getLogger(__package__)
 
@@ -304,9 +305,7 @@ class FuseAttention:  # pylint: disable=too-few-public-methods
         if target is None or target.kind.name != "llvm":
             return mod
         fuser = _AttentionFuser(mod, target)
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                fuser.builder_.update_func(gv, fuser.visit_expr(func))
+        fused = _mutate_relax_functions(fuser, mod)
         if not fuser.fused:
             return mod
-        return relax.transform.DeadCodeElimination()(fuser.builder_.get())
+        return relax.transform.DeadCodeElimination()(fused)

@@ -3,13 +3,11 @@ to TOPI's vectorizable approximations (applied before legalization)."""
 
 from __future__ import annotations
 
-import logging
-
 import tvm
 from tvm import relax
 from tvm.ir import IRModule
 
-logger = logging.getLogger(__package__)  # the pre-split module's logger name
+from .relax_util import _mutate_relax_functions
 
 
 # --------------------------------------------------------------------------------------
@@ -66,12 +64,4 @@ class CPUFastMath:  # pylint: disable=too-few-public-methods
     """Rewrite float32 gelu/softmax/exp/erf/tanh to vectorizable approximations."""
 
     def transform_module(self, mod: IRModule, _ctx) -> IRModule:
-        mutator = _FastMathMutator(mod)
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                try:
-                    new_func = mutator.visit_expr(func)
-                    mutator.builder_.update_func(gv, new_func)
-                except Exception as err:  # pylint: disable=broad-except
-                    logger.debug("cpu_schedule: fast math skipped for %s: %s", gv.name_hint, err)
-        return mutator.builder_.get()
+        return _mutate_relax_functions(_FastMathMutator(mod), mod, skip_failures="fast math")

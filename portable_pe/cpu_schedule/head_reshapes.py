@@ -19,15 +19,12 @@ reshape is already injective, and tuned workloads were hashed from that form.
 
 from __future__ import annotations
 
-import logging
-
 import tvm
 from tvm import relax, tirx
 from tvm.ir import IRModule
 
-from .tir_util import _const_int, _tensor_type
-
-logger = logging.getLogger(__package__)
+from .relax_util import _mutate_relax_functions, _tensor_type
+from .tir_util import _const_int
 
 
 def _shape(expr):
@@ -116,12 +113,7 @@ class FusableHeadReshapes:  # pylint: disable=too-few-public-methods
 
     def transform_module(self, mod: IRModule, _ctx) -> IRModule:
         rewriter = _HeadReshapeRewriter(mod)
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                try:
-                    rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-                except Exception as err:  # pylint: disable=broad-except
-                    logger.debug("cpu_schedule: head reshapes left as they were in %s: %s", gv.name_hint, err)
+        rewritten = _mutate_relax_functions(rewriter, mod, skip_failures="head reshapes")
         if not rewriter.rewritten:
             return mod
-        return relax.transform.DeadCodeElimination()(rewriter.builder_.get())
+        return relax.transform.DeadCodeElimination()(rewritten)

@@ -54,17 +54,6 @@ def _num_cores(target) -> int:
 # --------------------------------------------------------------------------------------
 # Small TIR helpers
 # --------------------------------------------------------------------------------------
-def _tensor_type(expr):
-    """(dtype, dims) of a Relax tensor expression with a known shape, else None.
-
-    TVM 0.27: Relax expressions carry ``ty`` (a TensorType), not ``struct_info``."""
-    from tvm import relax
-    ty = getattr(expr, "ty", None)
-    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
-        return None
-    return str(ty.dtype), list(ty.shape.values)
-
-
 def _const_int(expr):
     if isinstance(expr, int):
         return expr

@@ -17,17 +17,14 @@ attribute.
 
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 import tvm
 from tvm import relax, tirx
 from tvm.ir import IRModule
 
 from .matmul import _LAYOUT_REWRITE_PREPROC
+from .relax_util import _mutate_relax_functions
 from .tir_util import _blocks_under, _const_int, _is_load, _is_store, _load_buffer, _node
-
-logger = logging.getLogger(__package__)
 
 
 def _constant_args_per_kernel(mod: IRModule) -> dict:
@@ -167,8 +164,4 @@ def FoldWeightPacking(mod: IRModule, _ctx) -> IRModule:  # pylint: disable=inval
             packed = packed_cache[key]
             return call if packed is None else relax.const(packed)
 
-    folder = _Folder(mod)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            folder.builder_.update_func(gv, folder.visit_expr(func))
-    return relax.transform.DeadCodeElimination()(folder.builder_.get())
+    return relax.transform.DeadCodeElimination()(_mutate_relax_functions(_Folder(mod), mod))
