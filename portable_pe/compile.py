@@ -23,7 +23,7 @@ import onnx
 
 from . import __version__
 from .artifact import Bundle, write_bundle
-from .export import export_onnx_cached, get_metadata
+from .export import DEFAULT_EXPORTER, export_onnx_cached, get_metadata
 from .graphs import ROOT, GraphSpec, load_graph
 from .parity import DEFAULT_LENGTHS, TOLERANCES, dim_roles, make_inputs, tolerance_for, onnxruntime_runner, torch_reference, usable_lengths
 from .targets import TargetSpec, load_target
@@ -58,6 +58,7 @@ class CompileState:
     pe_tables: str | None = None  # "int8": position tables stored as int8 rows (pe_tables.py)
     target_report: dict = field(default_factory=dict)
     use_tuning: bool = True  # apply targets/tuning/<target>/<graph> when it exists
+    exporter: str = DEFAULT_EXPORTER  # torch -> ONNX exporter for specs (export.EXPORTERS)
     tuning: dict = field(default_factory=dict)  # database, digest, specialized entries
 
     def dump(self, filename: str, content: str | bytes) -> None:
@@ -87,9 +88,9 @@ def stage_load(st: CompileState) -> None:
 def stage_export(st: CompileState) -> None:
     if st.spec is None:
         return
-    st.model, cached = export_onnx_cached(st.spec)
-    if cached:
-        st.log("  export: from the cache (same spec, torch and exporter source)")
+    st.model, cached = export_onnx_cached(st.spec, exporter=st.exporter)
+    st.log(f"  export: {st.exporter} exporter"
+           f"{', from the cache (same spec, torch and exporter source)' if cached else ''}")
     st.dump("01-exported.onnx", st.model.SerializeToString())
 
 
@@ -242,11 +243,13 @@ STAGES = [("target", stage_target), ("load", stage_load), ("export", stage_expor
 
 def compile_graph(source: str, *, target: str = "llvm", out: str | Path | None = None,
                   keep_intermediates: bool = False, shapes: dict[str, list[int]] | None = None,
-                  target_options: dict | None = None, pe_tables: str | None = None, tuning: bool = True, log: Callable[[str], None] = print) -> Bundle:
+                  target_options: dict | None = None, pe_tables: str | None = None, tuning: bool = True, exporter: str = DEFAULT_EXPORTER,
+                  log: Callable[[str], None] = print) -> Bundle:
     """Compile a shipped graph name, a TOML spec or an .onnx file into a verified bundle.
 
     `target_options` go to the backend's tvm_target() (e.g. board= for arm, arch= for cuda).
     `tuning=False` ignores the graph's tuning database (the "TVM untuned" build).
+    `exporter` exports specs to ONNX (export.EXPORTERS); .onnx sources ignore it.
     Nothing is written to `out` unless every stage succeeds.
     """
     spec = load_target(target)
@@ -259,7 +262,8 @@ def compile_graph(source: str, *, target: str = "llvm", out: str | Path | None =
         shutil.rmtree(inter, ignore_errors=True)
         inter.mkdir(parents=True)
     st = CompileState(source=str(source), target=spec, intermediates=inter, shapes=shapes or {},
-                      target_options=target_options or {}, log=log, pe_tables=pe_tables, use_tuning=tuning)
+                      target_options=target_options or {}, log=log, pe_tables=pe_tables, use_tuning=tuning,
+                      exporter=exporter)
     _run_stages(st, STAGES)
     bundle = stage_bundle(st, dest)
     log(f"[bundle] {bundle.path} ({st.timings['total']:.1f} s)")

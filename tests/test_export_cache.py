@@ -24,18 +24,19 @@ def test_second_export_comes_from_the_cache_unchanged(spec, tmp_path, monkeypatc
     second, hit_second = export.export_onnx_cached(spec)
     assert (hit_first, hit_second) == (False, True)
     assert second.SerializeToString() == first.SerializeToString()
-    assert [p.name for p in (tmp_path / "onnx").iterdir()] == [f"{spec.name}-{export.export_key(spec)}.onnx"]
+    assert list((tmp_path / "onnx").iterdir()) == [export.cache_entry(spec)]
 
 
-def test_the_key_covers_the_spec_and_the_opset(spec):
+def test_the_key_covers_the_spec_the_opset_and_the_exporter(spec):
     keys = {export.export_key(spec), export.export_key(replace(spec, seed=spec.seed + 1)),
-            export.export_key(replace(spec, max_length=512)), export.export_key(spec, opset=19)}
-    assert len(keys) == 4
+            export.export_key(replace(spec, max_length=512)), export.export_key(spec, opset=19),
+            export.export_key(spec, exporter="dynamo")}
+    assert len(keys) == 5
 
 
 def test_a_damaged_entry_is_exported_again(spec, tmp_path, monkeypatch):
     monkeypatch.setenv(export.CACHE_ENV, str(tmp_path))
-    entry = tmp_path / "onnx" / f"{spec.name}-{export.export_key(spec)}.onnx"
+    entry = export.cache_entry(spec)
     entry.parent.mkdir(parents=True)
     entry.write_bytes(b"not an onnx model")
     model, hit = export.export_onnx_cached(spec)

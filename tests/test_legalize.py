@@ -502,6 +502,34 @@ def test_clip_imports_as_relax_ops(opset):
     np.testing.assert_array_equal(got, ort_run(model, feeds))
 
 
+@pytest.mark.parametrize("index,axis", [(1, -1), (-2, 1), ([0, 2, -1], 1)], ids=["1@-1", "-2@1", "list@1"])
+def test_gather_with_a_constant_index_imports_without_index_arithmetic(index, axis):
+    """A constant index is normalized at import: no run-time shape_of/less/where (TVM's
+    converter emits them, and a static build then compiled each with LLVM to fold it)."""
+    x = oh.make_tensor_value_info("x", TP.FLOAT, ["S", 3, 2])
+    idx = np.array(index, dtype="int64")
+    model = oh.make_model(oh.make_graph(
+        [oh.make_node("Gather", ["x", "i"], ["y"], axis=axis)], "g", [x],
+        [oh.make_tensor_value_info("y", TP.FLOAT, None)], [onnx.numpy_helper.from_array(idx, "i")]),
+        opset_imports=[oh.make_opsetid("", 17)])
+    mod = import_onnx(model)
+    text = mod.script()
+    assert "R.take" in text and not any(op in text for op in ("R.less", "R.where", "R.shape_to_tensor")), text
+    feeds = {"x": np.arange(5 * 3 * 2, dtype="float32").reshape(5, 3, 2)}
+    (got,) = compile_run(mod, [feeds])
+    np.testing.assert_array_equal(got, ort_run(model, feeds))
+
+
+def test_gather_with_an_index_out_of_range_names_it():
+    x = oh.make_tensor_value_info("x", TP.FLOAT, ["S", 3])
+    model = oh.make_model(oh.make_graph(
+        [oh.make_node("Gather", ["x", "i"], ["y"], axis=1)], "g", [x],
+        [oh.make_tensor_value_info("y", TP.FLOAT, ["S"])], [onnx.numpy_helper.from_array(np.array(3, "int64"), "i")]),
+        opset_imports=[oh.make_opsetid("", 17)])
+    with pytest.raises(ValueError, match=r"Gather: indices 3 out of range for axis 1 of extent 3"):
+        import_onnx(model)
+
+
 def _blocking_model():
     x = oh.make_tensor_value_info("x", TP.FLOAT, ["B", "S", D])
     nodes = [

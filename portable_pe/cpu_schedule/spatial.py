@@ -10,7 +10,9 @@ predicate for the tail and the TIR ``LoopPartition`` pass peels it.
 
 from __future__ import annotations
 
-from .tir_util import _is_spatial, _loop_extent
+import re
+
+from .tir_util import _is_spatial, _loop_extent, _region_buffer
 
 
 def _try_inline_spatial(sch, blocks):
@@ -21,29 +23,38 @@ def _try_inline_spatial(sch, blocks):
         for blk in list(blocks):
             if not _is_spatial(sch, blk):
                 continue
-            # Keep blocks whose result feeds several consumers and that contain
-            # transcendental math (e.g. softmax exp): inlining would recompute it.
-            try:
-                consumers = sch.get_consumers(blk)
-            except Exception:
-                consumers = []
-            if len(consumers) > 1 and (_has_expensive_math(sch.get(blk)) or _is_big(sch.get(blk))):
-                continue
-            try:
-                sch.compute_inline(blk)
-                blocks.remove(blk)
-                changed = True
-                break
-            except Exception:  # pylint: disable=broad-except
-                pass
-            try:
-                sch.reverse_compute_inline(blk)
-                blocks.remove(blk)
-                changed = True
-                break
-            except Exception:  # pylint: disable=broad-except
-                pass
+            # Inlining copies the producer's expression to every load of it. Skip it when
+            # that recomputes transcendental math (e.g. softmax exp) or a big expression:
+            # T5's bucket chain reads each step 2-4 times, and inlining all of it, forward
+            # or in reverse, made an 11 KB expression that took TIR's simplifier 13 s.
+            if not _recomputes(sch, blk, sch.get_consumers(blk)):
+                try:
+                    sch.compute_inline(blk)
+                    blocks.remove(blk)
+                    changed = True
+                    break
+                except Exception:  # pylint: disable=broad-except
+                    pass
+            if not any(_recomputes(sch, p, [blk]) for p in sch.get_producers(blk)):
+                try:
+                    sch.reverse_compute_inline(blk)
+                    blocks.remove(blk)
+                    changed = True
+                    break
+                except Exception:  # pylint: disable=broad-except
+                    pass
     return blocks
+
+
+def _recomputes(sch, producer, consumers) -> bool:
+    """Whether inlining ``producer`` into ``consumers`` would evaluate an expensive or
+    big expression more than once per element: they load its output more than once."""
+    block = sch.get(producer)
+    if not (_has_expensive_math(block) or _is_big(block)):
+        return False
+    name = re.escape(_region_buffer(block.writes[0]).name)
+    load = re.compile(rf"(?<![\w.]){name}\[")
+    return sum(len(load.findall(str(sch.get(c).body))) for c in consumers) > 1
 
 
 _EXPENSIVE_OPS = ("exp", "log", "tanh", "erf", "sigmoid", "pow", "sqrt", "rsqrt", "sin", "cos")

@@ -9,12 +9,13 @@ and restores it afterwards (not thread-safe: do not import two models concurrent
 Because lookup ignores the domain, and TVM's "Attention" entry is the com.microsoft
 contrib op, the standard-domain ``Attention``/``RotaryEmbedding`` nodes are renamed in a
 private copy of the model (``PPE_Attention``, ``PPE_RotaryEmbedding``) before import;
-com.microsoft nodes keep going to TVM's own converters. TVM's Clip is replaced outright
-(same op_type, no renaming).
+com.microsoft nodes keep going to TVM's own converters. TVM's Clip and Gather are
+replaced outright (same op_type, no renaming).
 
     rotary.py      RotaryEmbedding-23
     attention.py   Attention-23/24
     clip.py        Clip as Relax ops
+    gather.py      Gather with constant indices, without run-time index arithmetic
     common.py      small Relax helpers the converters share
 """
 
@@ -31,6 +32,7 @@ from tvm.relax.frontend.onnx import onnx_frontend as _fe
 
 from .attention import Attention
 from .clip import Clip
+from .gather import Gather
 from .rotary import RotaryEmbedding
 
 __all__ = ["custom_converters", "import_onnx", "unsupported_nodes", "UnsupportedOnnxOps"]
@@ -62,7 +64,7 @@ _OUR_OPS = {  # op_type -> (converter, lowest opset version, highest opset versi
 
 
 # TVM converters replaced while importing (same op_type, so no renaming)
-_REPLACED_OPS = {"Clip": Clip}
+_REPLACED_OPS = {"Clip": Clip, "Gather": Gather}
 
 
 def custom_converters() -> dict[str, type]:
