@@ -33,9 +33,9 @@ def example_inputs(spec: GraphSpec, *, batch: int = 2, length: int | None = None
 
 #: exporters export_onnx can use. "torchscript" is torch.onnx's tracing exporter:
 #: deprecated since torch 2.9 but still in the pinned torch, and 13x faster here
-#: (0.5 s against 6.5 s for the rope encoder on 2 cores, most of a first compile). For
-#: every shipped graph it gives the same kernels after onnxsim and TVM's fusion, so the
-#: committed tuning databases match either way. "dynamo" is torch.export-based.
+#: (0.5 s against 6.5 s for the rope encoder on 2 cores, most of a first compile). After
+#: onnxsim and TVM's fusion both give the same kernels, but for hybrid's RoPE kernels (see
+#: README). "dynamo" is torch.export-based.
 EXPORTERS = ("torchscript", "dynamo")
 DEFAULT_EXPORTER = "torchscript"
 

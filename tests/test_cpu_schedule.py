@@ -150,6 +150,37 @@ def test_an_expensive_value_read_several_times_is_computed_once_per_element():
     np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(), d * d + np.where(d < 0.5, d, 0), rtol=1e-6)
 
 
+@I.ir_module
+class LayerNorm:
+    @R.function
+    def main(x: R.Tensor(("rows", 256), "float32"), g: R.Tensor((256,), "float32"), b: R.Tensor((256,), "float32")):
+        with R.dataflow():
+            y = R.nn.layer_norm(x, g, b, axes=[-1], epsilon=1e-5)
+            R.output(y)
+        return y
+
+
+def test_row_sums_run_as_vector_partial_sums():
+    """A row sum as one chain of dependent adds ran a layer norm at 5-8 GB/s; both of its
+    sums must run in `lanes` partial sums, in a vectorized loop, and still be right."""
+    rng = np.random.default_rng(6)
+    g, b = rng.standard_normal(256).astype("float32"), rng.standard_normal(256).astype("float32")
+    mod = _bound(LayerNorm, g=g, b=b)
+    (func,) = [f for f in _scheduled(mod).functions.values() if isinstance(f, tirx.PrimFunc)]
+    partial_sums = [s.block.name_hint for s in _walk(func.body) if _node(s) == "SBlockRealize"
+                    and s.block.name_hint.endswith("_rf_update")]
+    assert len(partial_sums) == 2, func.script()
+    for name in partial_sums:
+        loops = [s for s in _walk(func.body) if _node(s) == "For" and any(
+            _node(x) == "SBlockRealize" and x.block.name_hint == name for x in _walk(s.body))]
+        assert loops[-1].kind == tirx.ForKind.VECTORIZED and int(loops[-1].extent) == _vector_lanes(HOST), func.script()
+    vm = relax.VirtualMachine(tvm.compile(mod, target=HOST, relax_pipeline=cpu_pipeline(HOST)), tvm.cpu())
+    for rows in (1, 37):
+        x = (rng.standard_normal((rows, 256)) * 3 + 5).astype("float32")
+        expected = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5) * g + b
+        np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(), expected, atol=2e-5, rtol=1e-5)
+
+
 def _parallel_loops(func) -> list:
     return [s for s in _walk(func.body) if _node(s) == "For" and s.kind == tirx.ForKind.PARALLEL]
 
