@@ -27,23 +27,22 @@ def _try_inline_spatial(sch, blocks):
             # that recomputes transcendental math (e.g. softmax exp) or a big expression:
             # T5's bucket chain reads each step 2-4 times, and inlining all of it, forward
             # or in reverse, made an 11 KB expression that took TIR's simplifier 13 s.
-            if not _recomputes(sch, blk, sch.get_consumers(blk)):
-                try:
-                    sch.compute_inline(blk)
-                    blocks.remove(blk)
-                    changed = True
-                    break
-                except Exception:  # pylint: disable=broad-except
-                    pass
-            if not any(_recomputes(sch, p, [blk]) for p in sch.get_producers(blk)):
-                try:
-                    sch.reverse_compute_inline(blk)
-                    blocks.remove(blk)
-                    changed = True
-                    break
-                except Exception:  # pylint: disable=broad-except
-                    pass
+            if ((not _recomputes(sch, blk, sch.get_consumers(blk)) and _applied(sch.compute_inline, blk))
+                    or (not any(_recomputes(sch, p, [blk]) for p in sch.get_producers(blk))
+                        and _applied(sch.reverse_compute_inline, blk))):
+                blocks.remove(blk)
+                changed = True
+                break
     return blocks
+
+
+def _applied(primitive, blk) -> bool:
+    """Apply a schedule primitive; False (the schedule unchanged) where it does not apply."""
+    try:
+        primitive(blk)
+        return True
+    except Exception:  # pylint: disable=broad-except
+        return False
 
 
 def _recomputes(sch, producer, consumers) -> bool:
