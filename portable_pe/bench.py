@@ -21,7 +21,8 @@ from typing import Callable
 import numpy as np
 
 from .parity import compare, dim_roles, make_inputs, torch_reference, usable_lengths
-from .tune import database_dir, tuned_points
+from .threads import DEFAULT_THREADS, set_threads
+from .tuning_db import database_dir, tuned_points
 
 PEER = "onnxruntime"
 NO_TUNING = "n/a (no tuning database)"
@@ -31,7 +32,7 @@ NO_TUNING = "n/a (no tuning database)"
 class Settings:
     lengths: tuple[int, ...] = (128, 512)
     batches: tuple[int, ...] = (1, 8)
-    threads: int = 2
+    threads: int = DEFAULT_THREADS
     repeat: int = 20          # at least this many timed runs per engine and cell ...
     min_time_s: float = 2.0   # ... and at least this long per cell
     max_time_s: float = 60.0  # a slow cell stops here once it has 3 runs
@@ -41,29 +42,6 @@ class Settings:
 
 
 # ----------------------------------------------------------------------------- timing
-def set_threads(n: int) -> dict[str, int]:
-    """One thread count for every engine, and idle workers that sleep instead of spin.
-
-    Engines timed in turn on the same cores fight when the previous engine's pool still
-    spins (here a 1 ms torch call took 170 ms after TVM and onnxruntime runs), so every
-    pool waits passively: OMP_WAIT_POLICY for torch/inductor (libgomp reads it when it
-    loads, so this must run before torch is imported to count), TVM_THREAD_POOL_SPIN_COUNT
-    for TVM, allow_spinning=0 for onnxruntime (ort_engine). TVM pins its workers to cores
-    by default, and a pinned worker cannot leave a core that another process is using (on a
-    shared 2-core machine the TIR RoPE kernel ran at 43% of copy bandwidth pinned, 88%
-    unpinned, same minute): TVM_BIND_THREADS=0 leaves placement to the OS as for the other
-    engines. TVM_NUM_THREADS only counts before TVM's pool starts; runtime.config_threadpool
-    resizes it at any time."""
-    os.environ.update({"TVM_NUM_THREADS": str(n), "OMP_NUM_THREADS": str(n), "OMP_WAIT_POLICY": "PASSIVE",
-                       "TVM_THREAD_POOL_SPIN_COUNT": "0", "TVM_BIND_THREADS": "0"})
-    import torch
-    import tvm
-    torch.set_num_threads(n)
-    tvm.get_global_func("runtime.config_threadpool")(1, n)  # 1: big cores first
-    return {"torch": torch.get_num_threads(), "tvm": int(tvm.get_global_func("runtime.NumThreads")()),
-            "onnxruntime": n}
-
-
 def interleave(runs: dict[str, Callable[[], object]], *, repeat: int, min_time_s: float,
                max_time_s: float, warmup: int = 0) -> dict[str, list[float]]:
     """Seconds per run of each callable, timed round-robin; each round starts one engine

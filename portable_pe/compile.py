@@ -148,7 +148,7 @@ def stage_target(st: CompileState) -> None:
 
 def stage_tuning(st: CompileState) -> None:
     """With a tuning database for this graph and target: one static entry per tuned point."""
-    from .tune import database_dir, database_digest, specialize, specialized_name, tuned_points
+    from .tuning_db import database_dir, database_digest, specialize, specialized_name, tuned_points
     db_dir = database_dir(st.target.name, st.name)
     points = tuned_points(db_dir)
     if not (st.use_tuning and points and st.io.get("dims")):
@@ -169,7 +169,7 @@ def stage_build(st: CompileState) -> None:
     backend = get_backend(st.target.backend)
     pipeline = backend.relax_pipeline(st.tvm_target)
     if st.tuning.get("specializations"):
-        from .tune import as_main, coverage, open_database
+        from .tuning_db import as_main, coverage, open_database
         database = open_database(ROOT / st.tuning["database"])
         for entry in st.tuning["specializations"]:
             hits, misses = coverage(as_main(st.relax, entry["function"]), st.tvm_target, database)

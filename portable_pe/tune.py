@@ -13,100 +13,16 @@ when the inputs match it exactly.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .targets import TARGETS_DIR
-
-TUNING_DIR = TARGETS_DIR / "tuning"
-_DB_FILES = ("database_workload.json", "database_tuning_record.json")
-
-
-def database_dir(target: str, graph: str) -> Path:
-    """PORTABLE_PE_TUNING_DIR moves the databases (tests use it to keep targets/ clean)."""
-    return Path(os.environ.get("PORTABLE_PE_TUNING_DIR", TUNING_DIR)) / target / graph
-
-
-def tuned_points(db_dir: Path) -> list[dict]:
-    meta = db_dir / "tuned.json"
-    return json.loads(meta.read_text())["points"] if meta.is_file() else []
-
-
-def database_digest(db_dir: Path) -> str:
-    digest = hashlib.sha256()
-    for name in _DB_FILES:
-        digest.update((db_dir / name).read_bytes())
-    return digest.hexdigest()
-
-
-def open_database(db_dir: Path):
-    from tvm.s_tir import meta_schedule as ms
-    return ms.database.JSONDatabase(work_dir=str(db_dir), allow_missing=True)
-
-
-def specialized_name(point: dict) -> str:
-    return f"main_b{point['batch']}_t{point['seq']}"
-
-
-def specialize(mod, *, dims: dict[str, dict], point: dict):
-    """A copy of `main` with batch and seq bound to the point's values, added as a new entry."""
-    from tvm import relax
-    values = {name: point[info["role"]] for name, info in dims.items()}
-    bound = relax.transform.BindSymbolicVars(values, func_name="main")(mod)["main"]
-    name = specialized_name(point)
-    mod[name] = bound.with_attr("global_symbol", name)
-    return mod
-
-
-def as_main(mod, name: str):
-    """A module whose `main` is `mod[name]`, keeping every other function but the old main:
-    the ONNX importer may emit TIR helpers (e.g. `maximum`) that main calls directly."""
-    import tvm
-    drop = {"main", name}
-    out = tvm.IRModule({gv: f for gv, f in mod.functions_items() if gv.name_hint not in drop})
-    out["main"] = mod[name].with_attr("global_symbol", "main")
-    return out
-
-
-def fused_module(mod, target):
-    """`mod` after exactly the compile's fusion passes: the kernels a compile would schedule."""
-    import tvm
-    from .cpu_schedule import fusion_passes
-    with target:
-        return tvm.transform.Sequential(fusion_passes())(mod)
-
-
-def kernels_of(fused) -> dict:
-    """Kernel name -> PrimFunc of a fused module."""
-    from tvm import tirx
-    return {gv.name_hint: f for gv, f in fused.functions_items() if isinstance(f, tirx.PrimFunc)}
-
-
-def fused_prim_funcs(mod, target):
-    """The PrimFuncs a compile would schedule, after exactly the compile's fusion passes."""
-    return kernels_of(fused_module(mod, target))
-
-
-def workload(func):
-    """A kernel as MetaSchedule tunes and looks it up: a module whose `main` it is."""
-    import tvm
-    return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
-
-
-def coverage(mod, target, database) -> tuple[list[str], list[str]]:
-    """(hits, misses) over a static-shape module's kernels: those the database has a
-    schedule for, and those that will get the default schedules."""
-    hits, misses = [], []
-    for name, func in fused_prim_funcs(mod, target).items():
-        (hits if database.has_workload(workload(func)) else misses).append(name)
-    return hits, misses
+from .tuning_db import (as_main, database_dir, fused_module, fused_prim_funcs, kernels_of, open_database,
+                        specialize, specialized_name, tuned_points, workload)
 
 
 def is_rope_kernel(name: str) -> bool:
@@ -224,10 +140,10 @@ def recheck(st, point: dict, *, runs: int = 30, log: Callable[[str], None] = pri
     """Time each tuned kernel against its default schedule inside the model at `point` and
     keep only the winners in the database (tune_judge.py); records the verdicts in tuned.json."""
     from .backends import get_backend
-    from .bench import Settings, set_threads
+    from .threads import DEFAULT_THREADS, set_threads
     from .parity import dim_roles, make_inputs
     from .tune_judge import judge, prune_database
-    set_threads(Settings.threads)  # judged under the threads and pool settings `bench` uses
+    set_threads(DEFAULT_THREADS)  # judged under the threads and pool settings `bench` uses
     db_dir = database_dir(st.target.name, st.name)
     entry = next((p for p in tuned_points(db_dir) if (p["batch"], p["seq"]) == (point["batch"], point["seq"])), None)
     if entry is None:

@@ -61,7 +61,7 @@ def judge(static_mod, fused, target, pipeline, database, inputs: list[np.ndarray
     default schedule and with the database."""
     import tvm
     from tvm import relax
-    from .tune import kernels_of, workload
+    from .tuning_db import kernels_of, workload
     default_exe = tvm.compile(static_mod, target=target, relax_pipeline=pipeline)
     with database:
         tuned_exe = tvm.compile(static_mod, target=target, relax_pipeline=pipeline)
@@ -100,7 +100,7 @@ def prune_database(db_dir: Path, funcs: dict, verdicts: list[dict]) -> int:
     import tempfile
     import tvm_ffi
     from tvm.s_tir import meta_schedule as ms
-    from .tune import _DB_FILES, open_database, workload
+    from .tuning_db import DB_FILES, open_database, workload
     database = open_database(db_dir)
     verdict_of = {tvm_ffi.structural_hash(workload(funcs[v["kernel"]])): v["kept"] for v in verdicts}
     recorded = {}  # structural hash -> MetaSchedule Workload
@@ -115,6 +115,6 @@ def prune_database(db_dir: Path, funcs: dict, verdicts: list[dict]) -> int:
                 fresh.commit_tuning_record(ms.database.TuningRecord(
                     record.trace, fresh.commit_workload(entry.mod), record.run_secs, record.target,
                     record.args_info))
-        for name in _DB_FILES:
+        for name in DB_FILES:
             shutil.move(str(Path(tmp) / name), str(db_dir / name))
     return sum(1 for v in verdicts if v["kept"])

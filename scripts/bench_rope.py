@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from portable_pe.bench import interleave, set_threads, summarize  # noqa: E402
+from portable_pe.bench import interleave, summarize
+from portable_pe.threads import set_threads  # noqa: E402
 
 COPIES = ("copy numpy", "copy tvm")
 PEER = "onnxruntime"

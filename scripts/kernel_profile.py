@@ -29,7 +29,7 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=12)
     args = parser.parse_args()
 
-    from portable_pe.bench import set_threads
+    from portable_pe.threads import set_threads
     set_threads(args.threads)
     import tvm
     from portable_pe.artifact import load_bundle

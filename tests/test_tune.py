@@ -9,12 +9,13 @@ from conftest import TINY_SPEC
 from portable_pe.graphs import GRAPHS
 from portable_pe.parity import check_bundle, dim_roles, make_inputs
 from portable_pe.runtime import LocalRunner, entry_for
-from portable_pe.tune import database_dir, is_rope_kernel, tuned_points
+from portable_pe.tune import is_rope_kernel
+from portable_pe.tuning_db import database_dir, tuned_points
 
 
 def test_rope_kernels_are_found_only_in_rope_graphs():
     from portable_pe.compile import prepare
-    from portable_pe.tune import as_main, fused_prim_funcs, specialize, specialized_name
+    from portable_pe.tuning_db import as_main, fused_prim_funcs, specialize, specialized_name
     found = {}
     point = {"batch": 1, "seq": 32}
     for graph in ("rope", "alibi"):
@@ -82,7 +83,8 @@ def test_recheck_keeps_exactly_the_kernels_that_beat_the_default(tmp_path, monke
     schedule for a kernel if and only if its verdict says the tuned one was faster."""
     import shutil
     from portable_pe.compile import prepare
-    from portable_pe.tune import as_main, coverage, open_database, recheck, specialize, specialized_name
+    from portable_pe.tune import recheck
+    from portable_pe.tuning_db import as_main, coverage, open_database, specialize, specialized_name
     from portable_pe.tune_judge import KEEP_MARGIN
     shutil.copytree(database_dir("llvm", "rope"), tmp_path / "llvm" / "rope")
     monkeypatch.setenv("PORTABLE_PE_TUNING_DIR", str(tmp_path))
