@@ -15,8 +15,12 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from .bundle_lock import bundle_lock
+from .interrupts import deferred
+from .manifest_schema import ManifestError, validate_manifest
+from .out_paths import MANIFEST, bundle_destination
+
 FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
 
 
 class BundleError(ValueError):
@@ -48,60 +52,101 @@ class Bundle:
         return self.manifest["target"]["name"]
 
 
-def write_bundle(dest: Path, files: dict[str, Path | bytes], manifest: dict) -> Bundle:
+def write_bundle(dest: Path, files: dict[str, Path | bytes], manifest: dict, *,
+                 replace_any: bool = False) -> Bundle:
     """Write into a temporary sibling folder, then rename into place.
 
-    A failure at any point leaves `dest` as it was (absent, or the previous good bundle).
+    A failure or a signal at any point leaves `dest` as it was (absent, or the previous
+    good bundle). `dest` may be an existing bundle or a new path (anything else only with
+    `replace_any`, see out_paths); one process at a time writes it (bundle_lock).
     """
-    dest = Path(dest).resolve()
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.parent / f".{dest.name}.partial-{os.getpid()}"
-    old = dest.parent / f".{dest.name}.old-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        for name, content in files.items():
-            if isinstance(content, bytes):
-                (tmp / name).write_bytes(content)
-            else:
-                shutil.copyfile(content, tmp / name)
-        manifest = {**manifest, "format_version": FORMAT_VERSION,
-                    "files": {name: sha256_file(tmp / name) for name in sorted(files)}}
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        if dest.exists():
-            dest.rename(old)
-        tmp.rename(dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old.exists() and not dest.exists():
-            old.rename(dest)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
+    dest = bundle_destination(dest, force=replace_any)
+    with bundle_lock(dest):
+        _recover_leftovers(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.parent / f".{dest.name}.partial-{os.getpid()}"
+        old = dest.parent / f".{dest.name}.old-{os.getpid()}"
+        tmp.mkdir()
+        try:
+            for name, content in files.items():
+                if isinstance(content, bytes):
+                    (tmp / name).write_bytes(content)
+                else:
+                    shutil.copyfile(content, tmp / name)
+            manifest = {**manifest, "format_version": FORMAT_VERSION,
+                        "files": {name: sha256_file(tmp / name) for name in sorted(files)}}
+            validate_manifest(manifest, where=f"{dest / MANIFEST} (being written)")
+            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+            with deferred():
+                if dest.exists():
+                    dest.rename(old)
+                tmp.rename(dest)
+        except BaseException:
+            with deferred():
+                _remove(tmp)
+                if old.exists() and not dest.exists():
+                    old.rename(dest)
+            raise
+        with deferred():
+            _remove(old)
     return Bundle(dest, manifest)
 
 
+def _recover_leftovers(dest: Path) -> None:
+    """Folders a killed writer (SIGKILL, power loss) left next to `dest`. Under the bundle
+    lock no one else writes here, so they are stale: partial ones go, and a previous
+    bundle moved aside just before the kill goes back into place."""
+    for partial in dest.parent.glob(f".{dest.name}.partial-*"):
+        _remove(partial)
+    for old in sorted(dest.parent.glob(f".{dest.name}.old-*")):
+        if dest.exists():
+            _remove(old)
+        else:
+            old.rename(dest)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    elif path.exists() or path.is_symlink():
+        path.unlink(missing_ok=True)
+
+
 def load_bundle(path: str | Path, *, verify: bool = True) -> Bundle:
-    """Load and verify a bundle: format version, every checksum, no missing file."""
+    """Load and verify a bundle: the manifest schema, format version, every checksum, and
+    a checksum for every file in the folder."""
     path = Path(path)
     manifest_path = path / MANIFEST
+    if not str(path).strip():
+        raise BundleError("the bundle path is empty; expected a bundle folder (with manifest.json)")
+    if path.is_file():
+        raise BundleError(f"{path} is a file; expected a bundle folder (with {MANIFEST})")
     if not path.is_dir():
         raise BundleError(f"{path} is not a bundle folder (expected a folder with {MANIFEST})")
     if not manifest_path.is_file():
         raise BundleError(f"{path} has no {MANIFEST}: not a portable-pe bundle, or a partial one")
     try:
         manifest = json.loads(manifest_path.read_text())
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise BundleError(f"{manifest_path} is not valid JSON ({err}): the bundle is corrupt") from None
-    version = manifest.get("format_version")
-    if version != FORMAT_VERSION:
+    version = manifest.get("format_version") if isinstance(manifest, dict) else None
+    if isinstance(manifest, dict) and version != FORMAT_VERSION:
         raise BundleError(f"{manifest_path}: format version {version!r}, this portable-pe reads "
                           f"version {FORMAT_VERSION}; recompile the bundle")
+    try:
+        validate_manifest(manifest, where=str(manifest_path))
+    except ManifestError as err:
+        raise BundleError(str(err)) from None
     if verify:
-        for name, expected in manifest.get("files", {}).items():
+        for name, expected in manifest["files"].items():
             file = path / name
             if not file.is_file():
                 raise BundleError(f"{file} is missing from the bundle")
             if sha256_file(file) != expected:
                 raise BundleError(f"{file} does not match its checksum in {MANIFEST}: "
                                   "the file was modified or truncated; recompile or re-copy the bundle")
+        unlisted = sorted(p.name for p in path.iterdir() if p.name != MANIFEST and p.name not in manifest["files"])
+        if unlisted:
+            raise BundleError(f"{path} holds {', '.join(unlisted)}, which {MANIFEST}'s checksum list does not "
+                              "cover: the bundle was changed after it was written; recompile or re-copy it")
     return Bundle(path, manifest)

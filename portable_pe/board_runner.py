@@ -29,7 +29,11 @@ def sha256(path):
 
 def load_manifest(bundle):
     manifest = json.loads((bundle / "manifest.json").read_text())
-    for name, expected in manifest["files"].items():
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or not {"model.so", "model.onnx", "reference.npz"} <= set(files):
+        raise SystemExit(f"run_on_board: {bundle / 'manifest.json'} has no complete checksum list (`files`): "
+                         "the bundle cannot be verified; recompile or re-copy it")
+    for name, expected in files.items():
         if sha256(bundle / name) != expected:
             raise SystemExit(f"run_on_board: {bundle / name} does not match its checksum in manifest.json")
     return manifest

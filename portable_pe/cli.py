@@ -1,11 +1,16 @@
-"""`portable-pe`: a thin layer over the library. Heavy imports happen inside commands, so
-`--help` and `list` stay instant."""
+"""portable-pe: compile Transformer encoders with swappable position encodings into TVM
+bundles checked against PyTorch.
+
+A thin layer over the library. Heavy imports happen inside commands, so `--help` and
+`list` stay instant. Exit status: 0 ok, 1 parity failed, 2 bad input, 3 internal error,
+130 interrupted (cli_errors.py).
+"""
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import sys
 from pathlib import Path
 
 #: export.EXPORTERS with the default first, spelled out because importing export.py loads
@@ -18,38 +23,83 @@ def _lengths(text: str) -> list[int]:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers like 1,7,128, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"lengths must be positive integers, got {text!r}")
+    if not values or min(values) < 1 or max(values) > MAX_SIZE:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers in 1..{MAX_SIZE} like 1,7,128, got {text!r}")
     return values
+
+
+#: the largest batch, length or dim a command line may ask for (a bundle's own bounds are
+#: checked later, against its manifest)
+MAX_SIZE = 1 << 20
+
+
+def _int_in(lo: int, hi: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer in {lo}..{hi}, got {text!r}") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"expected an integer in {lo}..{hi}, got {value}")
+        return value
+    return parse
+
+
+def _seconds(lo: float, hi: float):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected seconds in {lo:g}..{hi:g}, got {text!r}") from None
+        if not lo <= value <= hi:  # NaN fails this too
+            raise argparse.ArgumentTypeError(f"expected seconds in {lo:g}..{hi:g}, got {text}")
+        return value
+    return parse
 
 
 def _shape(text: str) -> tuple[str, list[int]]:
     name, _, dims = text.partition("=")
     try:
-        return name, [int(d) for d in dims.split("x")]
+        sizes = [int(d) for d in dims.split("x")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--shape expects NAME=1x128, got {text!r}") from None
+        sizes = []
+    if not name.strip() or not sizes or min(sizes) < 1 or max(sizes) > MAX_SIZE:
+        raise argparse.ArgumentTypeError(f"expected NAME=1x128 (an input name, then sizes in 1..{MAX_SIZE} "
+                                         f"joined by x), got {text!r}")
+    return name, sizes
 
 
 def _print_report(report, json_path: str | None) -> int:
+    from .out_paths import write_file_atomically
     print(report.to_markdown())
     if json_path:
-        Path(json_path).write_text(report.to_json())
+        write_file_atomically(Path(json_path), report.to_json().encode())
         print(f"(JSON report written to {json_path})")
     return 0 if report.ok else 1
 
 
+def _json_path(args) -> None:
+    """--json checked before the work, not after it."""
+    from .out_paths import output_file
+    if args.json is not None:
+        args.json = str(output_file(args.json, kind="json", option="--json"))
+
+
 def cmd_compile(args) -> int:
+    from .out_paths import bundle_destination
+    _json_path(args)
+    if args.out is not None:  # compile_graph checks it again; this spares a refused --out the imports
+        bundle_destination(args.out, force=args.force)
     from .compile import compile_graph
     from .parity import DEFAULT_LENGTHS, check_bundle
     print(f"compiling {args.graph} for target {args.target}"
-          f"{' -> ' + str(args.out) if args.out else ''}", flush=True)
+          f"{' -> ' + str(args.out) if args.out is not None else ''}", flush=True)
     options = {k: v for k, v in (("board", args.board), ("arch", args.arch), ("profile", args.profile),
-                                 ("seq_len", args.seq_len), ("host", args.host)) if v}
+                                 ("seq_len", args.seq_len), ("host", args.host)) if v is not None}
     bundle = compile_graph(args.graph, target=args.target, out=args.out,
                            keep_intermediates=args.keep_intermediates, shapes=dict(args.shape or []),
                            target_options=options, pe_tables=args.pe_tables, tuning=not args.no_tuning,
-                           exporter=args.exporter, log=lambda m: print(m, flush=True))
+                           exporter=args.exporter, force=args.force, log=lambda m: print(m, flush=True))
     runner = _local_runner(bundle)
     if runner is None and bundle.manifest["reference"]["source"] == "onnxruntime":
         return 0  # onnxruntime is the reference: nothing else to compare here
@@ -70,6 +120,7 @@ def _local_runner(bundle):
 
 def cmd_deploy(args) -> int:
     from .deploy import deploy
+    _json_path(args)
     report = deploy(args.bundle, rpc=args.rpc, tracker=args.tracker, key=args.key, timeout=args.timeout,
                     log=lambda m: print(m, flush=True))
     return _print_report(report, args.json)
@@ -101,22 +152,25 @@ def cmd_tune(args) -> int:
 def cmd_parity(args) -> int:
     from .artifact import load_bundle
     from .parity import DEFAULT_LENGTHS, check_bundle
+    _json_path(args)
     bundle = load_bundle(args.bundle)
     return _print_report(check_bundle(bundle, lengths=args.lengths or DEFAULT_LENGTHS, batch=args.batch), args.json)
 
 
 def cmd_run(args) -> int:
+    import io
     import numpy as np
     from .artifact import load_bundle
+    from .out_paths import output_file, write_file_atomically
     from .runtime import run_local
+    from .user_files import load_npz_inputs
+    out = output_file(args.out, kind="npz", option="--out", protect=(Path(args.inputs),))
     bundle = load_bundle(args.bundle)
-    path = Path(args.inputs)
-    if not path.is_file():
-        raise FileNotFoundError(f"inputs file {path} does not exist")
-    with np.load(path) as data:
-        inputs = {k: data[k] for k in data.files}
+    inputs = load_npz_inputs(args.inputs)
     outputs = run_local(bundle, inputs)
-    np.savez(args.out, **outputs)
+    buf = io.BytesIO()
+    np.savez(buf, **outputs)  # to a buffer: savez given a path would add ".npz" to it
+    write_file_atomically(out, buf.getvalue())
     for name, value in outputs.items():
         print(f"{name}: {value.dtype}{list(value.shape)}")
     print(f"wrote {args.out}")
@@ -128,12 +182,8 @@ def inspect_onnx(path: Path) -> int:
     import onnx
     from collections import Counter
     from .frontend import blocking_nodes
-    if not path.is_file():
-        raise FileNotFoundError(f"ONNX file {path} does not exist")
-    try:
-        model = onnx.load(str(path))
-    except Exception as err:  # protobuf DecodeError and friends
-        raise ValueError(f"{path} is not a valid ONNX model: {err}") from None
+    from .user_files import load_onnx_file
+    model = load_onnx_file(path)  # what compile accepts, checked the same way
     opsets = ", ".join(f"{o.domain or 'ai.onnx'} {o.version}" for o in model.opset_import)
     print(f"onnx {path}: {len(model.graph.node)} nodes, opsets: {opsets}, producer {model.producer_name or '?'}")
     for kind, values in (("input", model.graph.input), ("output", model.graph.output)):
@@ -192,9 +242,11 @@ def cmd_list(args) -> int:
 
 def cmd_bench(args) -> int:
     from .bench import Settings, bench_graph
+    from .out_paths import output_folder
     settings = Settings(lengths=tuple(args.lengths), batches=tuple(args.batch), threads=args.threads,
                         repeat=args.repeat, min_time_s=args.min_time, engines=tuple(args.engines.split(",")))
-    out = args.out or Path("dist") / f"bench-{Path(args.graph).stem}"
+    out = Path(args.out) if args.out is not None else Path("dist") / f"bench-{Path(args.graph).stem}"
+    output_folder(args.out if args.out is not None else out, option="--out", files=("bench.json", "bench.md", "bench.png"))
     result = bench_graph(args.graph, settings=settings, tuned=args.tuned, bundle=args.bundle, out=out,
                          log=lambda m: print(m, flush=True))
     print(result.to_markdown())
@@ -208,13 +260,21 @@ COMMANDS = {"compile": cmd_compile, "parity": cmd_parity, "run": cmd_run,
 
 def build_parser() -> argparse.ArgumentParser:
     from .targets import TARGETS
-    parser = argparse.ArgumentParser(prog="portable-pe", description=__doc__.split("\n")[0])
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show the Python traceback of an error")
+    parser = argparse.ArgumentParser(prog="portable-pe", description=__doc__.split("\n\n")[0].replace("\n", " "),
+                                     parents=[common])
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser = functools.partial(sub.add_parser, parents=[common])
 
     p = sub.add_parser("compile", help="compile a graph into a checked bundle and print its parity report")
     p.add_argument("graph", help="shipped graph name (see `portable-pe list`), a .toml spec, or an .onnx file")
     p.add_argument("--target", default="llvm", choices=list(TARGETS))
-    p.add_argument("--out", type=Path, help="bundle folder (default: dist/<graph>-<target>)")
+    p.add_argument("--out", help="bundle folder: a new path or an existing bundle "
+                                            "(default: dist/<graph>-<target>)")
+    p.add_argument("--force", action="store_true",
+                   help="let --out replace a file or a folder that is not a bundle (never '.' or a parent of it)")
     p.add_argument("--keep-intermediates", action="store_true", help="dump each stage's output beside the bundle")
     p.add_argument("--shape", action="append", type=_shape, metavar="NAME=1x128", help="fix an ONNX input's dims")
     p.add_argument("--lengths", type=_lengths, help="parity sequence lengths (default 1,7,128,300)")
@@ -222,7 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--board", choices=_option_choices("board"), help="--target arm: the board (default generic aarch64)")
     p.add_argument("--arch", metavar="sm_XY", help="--target cuda: SM arch (default: the local GPU's, else sm_80)")
     p.add_argument("--profile", metavar="NAME", help="--target npu: NPU profile, targets/npu/NAME.toml (default generic_int8)")
-    p.add_argument("--seq-len", type=int, metavar="N", help="--target npu: the static sequence length (default 128)")
+    p.add_argument("--seq-len", type=_int_in(1, MAX_SIZE), metavar="N",
+                   help="--target npu: the static sequence length (default 128)")
     p.add_argument("--host", choices=["llvm", "arm"], help="--target npu: host CPU for the TVM build (default llvm)")
     p.add_argument("--pe-tables", choices=["int8"], help="store position tables as int8 rows with per-row scales")
     p.add_argument("--no-tuning", action="store_true", help="ignore the graph's tuning database (targets/tuning/)")
@@ -236,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--rpc", metavar="HOST:PORT", help="the board's TVM RPC server")
     where.add_argument("--tracker", metavar="HOST:PORT", help="a TVM RPC tracker (with --key)")
     p.add_argument("--key", help="with --tracker: the key the board registered under")
-    p.add_argument("--timeout", type=float, default=600.0,
+    p.add_argument("--timeout", type=_seconds(0.1, 7 * 86400), default=600.0,
                    help="seconds: the board ends the session after this; connecting waits at most min(this, 30)")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
 
@@ -244,7 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("graph", help="shipped graph name, .toml spec, or .onnx file")
     p.add_argument("--target", default="llvm", choices=list(TARGETS))
     p.add_argument("--only", choices=["rope"], help="tune only the RoPE kernels (rotation and cos/sin tables)")
-    p.add_argument("--trials", type=int, default=64, help="measured candidates per kernel (default 64)")
+    p.add_argument("--trials", type=_int_in(1, 100_000), default=64, help="measured candidates per kernel (default 64)")
     p.add_argument("--lengths", type=_lengths, default=[128], help="sequence lengths to tune at (default 128)")
     p.add_argument("--batch", type=_lengths, default=[1], help="batch sizes to tune at (default 1)")
     p.add_argument("--rpc-tracker", metavar="HOST:PORT", help="measure on boards behind a TVM RPC tracker")
@@ -256,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("parity", help="check a bundle against its reference at several lengths")
     p.add_argument("bundle")
     p.add_argument("--lengths", type=_lengths, help="comma-separated (default 1,7,128,300)")
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--batch", type=_int_in(1, MAX_SIZE), default=1, help="batch size (default 1)")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
 
     p = sub.add_parser("run", help="run a bundle on named arrays from an .npz")
@@ -272,14 +333,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("graph", help="shipped graph name or a .toml spec")
     p.add_argument("--lengths", type=_lengths, default=[128, 512], help="sequence lengths (default 128,512)")
     p.add_argument("--batch", type=_lengths, default=[1, 8], help="batch sizes (default 1,8)")
-    p.add_argument("--threads", type=int, default=2, help="threads for every engine (default 2)")
-    p.add_argument("--repeat", type=int, default=20, help="at least this many timed runs per cell (default 20)")
-    p.add_argument("--min-time", type=float, default=2.0, help="and at least this many seconds per cell (default 2)")
+    p.add_argument("--threads", type=_int_in(1, 1024), default=2, help="threads for every engine (default 2)")
+    p.add_argument("--repeat", type=_int_in(1, 1_000_000), default=20,
+                   help="at least this many timed runs per cell (default 20)")
+    p.add_argument("--min-time", type=_seconds(0, 3600), default=2.0,
+                   help="and at least this many seconds per cell (default 2)")
     p.add_argument("--engines", default="torch,torch.compile,onnxruntime,tvm,tvm-tuned",
                    help="comma-separated subset of torch,torch.compile,onnxruntime,tvm,tvm-tuned (default all)")
     p.add_argument("--tuned", metavar="BUNDLE", help="a tuned llvm bundle for the 'tvm-tuned' column")
     p.add_argument("--bundle", metavar="BUNDLE", help="reuse this untuned llvm bundle instead of compiling one")
-    p.add_argument("--out", type=Path, help="folder for bench.json/.md/.png and the compiled bundle "
+    p.add_argument("--out", help="folder for bench.json/.md/.png and the compiled bundle "
                                             "(default dist/bench-<graph>)")
 
     sub.add_parser("list", help="list shipped graphs, encodings and targets")
@@ -287,12 +350,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .cli_errors import run_command
+    from .interrupts import install
+    install()  # before parsing: Ctrl-C at any point is an exit 130 with partial files removed
     args = build_parser().parse_args(argv)
-    try:
-        return COMMANDS[args.command](args)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except (ValueError, FileNotFoundError, RuntimeError) as err:
-        print(f"portable-pe {args.command}: error: {err}", file=sys.stderr)
-        return 2
+    return run_command(args.command, COMMANDS[args.command], args, debug=getattr(args, "debug", False))

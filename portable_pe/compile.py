@@ -11,7 +11,6 @@ from __future__ import annotations
 import io
 import json
 import platform
-import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field, replace
@@ -23,8 +22,13 @@ import onnx
 
 from . import __version__
 from .artifact import Bundle, write_bundle
+from .bundle_lock import bundle_lock
 from .export import DEFAULT_EXPORTER, export_onnx_cached, get_metadata
 from .graphs import ROOT, GraphSpec, load_graph
+from .intermediates import Intermediates
+from .interrupts import raise_if_interrupted
+from .out_paths import bundle_destination
+from .user_files import load_onnx_file
 from .parity import DEFAULT_LENGTHS, TOLERANCES, dim_roles, make_inputs, tolerance_for, onnxruntime_runner, torch_reference, usable_lengths
 from .targets import TargetSpec, load_target
 
@@ -41,7 +45,7 @@ class CompileError(RuntimeError):
 class CompileState:
     source: str
     target: TargetSpec
-    intermediates: Path | None
+    intermediates: Intermediates | None
     shapes: dict[str, list[int]]
     target_options: dict
     log: Callable[[str], None]
@@ -63,20 +67,13 @@ class CompileState:
 
     def dump(self, filename: str, content: str | bytes) -> None:
         if self.intermediates is not None:
-            path = self.intermediates / filename
-            path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
+            self.intermediates.dump(filename, content)
 
 
 def stage_load(st: CompileState) -> None:
     path = Path(st.source)
     if path.suffix == ".onnx":
-        if not path.is_file():
-            raise FileNotFoundError(f"ONNX file {path} does not exist")
-        try:
-            st.model = onnx.load(str(path))
-            onnx.checker.check_model(st.model)
-        except Exception as err:  # onnx raises DecodeError, ValidationError, ...
-            raise ValueError(f"{path} is not a valid ONNX model: {str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
+        st.model = load_onnx_file(path)
         st.name = get_metadata(st.model).get("graph") or path.stem
         if st.shapes:
             fix_input_shapes(st.model, st.shapes)
@@ -205,7 +202,7 @@ def stage_finalize(st: CompileState) -> None:
         st.target_report.update(finalize(st))
 
 
-def stage_bundle(st: CompileState, dest: Path) -> Bundle:
+def stage_bundle(st: CompileState, dest: Path, *, replace_any: bool = False) -> Bundle:
     import torch
     import tvm
     from .backends import get_backend
@@ -233,7 +230,8 @@ def stage_bundle(st: CompileState, dest: Path) -> Bundle:
             **st.target_report,
         }
         return write_bundle(dest, {"model.so": so, "model.onnx": st.model.SerializeToString(),
-                                   "reference.npz": buf.getvalue(), "run_on_board.py": BOARD_RUNNER}, json.loads(json.dumps(manifest, default=list)))
+                                   "reference.npz": buf.getvalue(), "run_on_board.py": BOARD_RUNNER}, json.loads(json.dumps(manifest, default=list)),
+                            replace_any=replace_any)
 
 
 STAGES = [("target", stage_target), ("load", stage_load), ("export", stage_export), ("simplify", stage_simplify),
@@ -244,28 +242,31 @@ STAGES = [("target", stage_target), ("load", stage_load), ("export", stage_expor
 def compile_graph(source: str, *, target: str = "llvm", out: str | Path | None = None,
                   keep_intermediates: bool = False, shapes: dict[str, list[int]] | None = None,
                   target_options: dict | None = None, pe_tables: str | None = None, tuning: bool = True, exporter: str = DEFAULT_EXPORTER,
-                  log: Callable[[str], None] = print) -> Bundle:
+                  force: bool = False, log: Callable[[str], None] = print) -> Bundle:
     """Compile a shipped graph name, a TOML spec or an .onnx file into a verified bundle.
 
     `target_options` go to the backend's tvm_target() (e.g. board= for arm, arch= for cuda).
     `tuning=False` ignores the graph's tuning database (the "TVM untuned" build).
     `exporter` exports specs to ONNX (export.EXPORTERS); .onnx sources ignore it.
-    Nothing is written to `out` unless every stage succeeds.
+    Nothing is written to `out` unless every stage succeeds. `out` may be an existing
+    bundle or a new path; `force` lets it replace anything else (out_paths).
     """
     spec = load_target(target)
     spec.require_available()
     stem = Path(source).stem if Path(source).suffix in (".onnx", ".toml") else source
-    dest = Path(out) if out else Path("dist") / f"{stem}-{target}"
-    inter = None
-    if keep_intermediates:
-        inter = dest.parent / f"{dest.name}.intermediates"
-        shutil.rmtree(inter, ignore_errors=True)
-        inter.mkdir(parents=True)
+    dest = bundle_destination(Path("dist") / f"{stem}-{target}" if out is None else out, force=force)
+    inter = Intermediates(dest, force=force) if keep_intermediates else None
     st = CompileState(source=str(source), target=spec, intermediates=inter, shapes=shapes or {},
                       target_options=target_options or {}, log=log, pe_tables=pe_tables, use_tuning=tuning,
                       exporter=exporter)
-    _run_stages(st, STAGES)
-    bundle = stage_bundle(st, dest)
+    with bundle_lock(dest):
+        try:
+            _run_stages(st, STAGES)
+            bundle = stage_bundle(st, dest, replace_any=force)
+        finally:
+            published = inter.publish() if inter else None
+            if published:
+                log(f"[intermediates] {published}")
     log(f"[bundle] {bundle.path} ({st.timings['total']:.1f} s)")
     return bundle
 
@@ -290,9 +291,10 @@ def _run_stages(st: CompileState, stages) -> None:
         st.log(f"[{name}] ...")
         try:
             stage(st)
-        except (ValueError, FileNotFoundError):
-            raise  # already says which input is wrong and what was expected
         except Exception as err:
+            raise_if_interrupted(err)  # Ctrl-C inside TVM's C++ code arrives as a bare RuntimeError
+            if isinstance(err, (ValueError, FileNotFoundError)):
+                raise  # already says which input is wrong and what was expected
             first = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
             raise CompileError(f"{name} stage failed for {source}: {first}"
                                f"{' (input shapes fixed by --shape: ' + str(st.shapes) + ')' if st.shapes else ''}") from err

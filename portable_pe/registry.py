@@ -8,6 +8,8 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
+from .user_files import require_file
+
 
 def toml_registry(folder: Path) -> dict[str, Path]:
     """name -> path for every *.toml file in `folder`, sorted by name."""
@@ -16,9 +18,10 @@ def toml_registry(folder: Path) -> dict[str, Path]:
 
 def read_toml(path: Path, *, what: str) -> dict:
     """The parsed file; a missing or malformed file is an error that names it."""
-    if not path.is_file():
-        raise FileNotFoundError(f"{what} {path} does not exist")
+    require_file(path, what=what)
     try:
         return tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as err:
         raise ValueError(f"{path}: not valid TOML: {err}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not valid TOML: the file is not UTF-8 text") from None

@@ -67,9 +67,11 @@ class Boom(Exception):
 
 
 
-def test_failed_write_keeps_the_previous_bundle(tmp_path, monkeypatch):
+def test_failed_write_keeps_the_previous_bundle(tiny_bundle, tmp_path, monkeypatch):
+    files = {name: tiny_bundle.file(name) for name in tiny_bundle.manifest["files"]}
+    manifest = {k: v for k, v in tiny_bundle.manifest.items() if k not in ("files", "format_version")}
     dest = tmp_path / "b"
-    write_bundle(dest, {"a.bin": b"good"}, {"graph": {"name": "g"}})
+    write_bundle(dest, files, manifest)
     import portable_pe.artifact as artifact
     real = artifact.sha256_file
 
@@ -77,10 +79,10 @@ def test_failed_write_keeps_the_previous_bundle(tmp_path, monkeypatch):
         raise Boom("disk full")
     monkeypatch.setattr(artifact, "sha256_file", failing)
     with pytest.raises(Boom):
-        write_bundle(dest, {"a.bin": b"bad"}, {"graph": {"name": "g"}})
+        write_bundle(dest, {**files, "model.onnx": b"bad"}, manifest)
     monkeypatch.setattr(artifact, "sha256_file", real)
-    assert (dest / "a.bin").read_bytes() == b"good"
-    assert load_bundle(dest).manifest["graph"]["name"] == "g"
+    assert (dest / "model.onnx").read_bytes() == tiny_bundle.file("model.onnx").read_bytes()
+    assert load_bundle(dest).manifest["graph"]["name"] == tiny_bundle.name
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b"], "no partial folder left behind"
 
 

@@ -1,0 +1,50 @@
+"""How a command's failure reaches the user: one line on stderr and an exit status.
+
+    0    success            1   parity failed (a report was printed)
+    2    bad input: a path, file, spec, number or bundle that is wrong, named in the message;
+         also a busy bundle, an unreachable board, a missing toolchain
+    3    a bug in portable-pe (the line says so; --debug shows the traceback)
+    128+N  stopped by signal N: 130 for Ctrl-C, 143 for SIGTERM (partial files removed)
+
+No Python traceback reaches the user unless --debug is given.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from .interrupts import Interrupted
+
+BAD_INPUT, INTERNAL = 2, 3
+
+
+def run_command(command: str, fn, args, *, debug: bool = False) -> int:
+    try:
+        return fn(args)
+    except KeyboardInterrupt as err:
+        code = err.exit_code if isinstance(err, Interrupted) else 130
+        print(f"portable-pe {command}: interrupted ({err if isinstance(err, Interrupted) else 'SIGINT'}); "
+              "no partial output was left", file=sys.stderr)
+        return code
+    except Exception as err:  # every failure becomes one line; --debug shows where it came from
+        if debug:
+            raise
+        code, message = describe(err)
+        print(f"portable-pe {command}: {'error' if code == BAD_INPUT else 'internal error'}: {message}",
+              file=sys.stderr)
+        return code
+
+
+def describe(err: Exception) -> tuple[int, str]:
+    """(exit status, message) for an exception."""
+    if isinstance(err, OSError) and err.strerror:  # raised by the OS: say what and where
+        where = f": {err.filename}" if err.filename else ""
+        return BAD_INPUT, f"{err.strerror}{where}"
+    if isinstance(err, (ValueError, OSError, RuntimeError)) and not isinstance(err, (RecursionError, NotImplementedError)):
+        return BAD_INPUT, str(err).strip() or type(err).__name__
+    if isinstance(err, MemoryError):
+        return BAD_INPUT, "out of memory (try smaller --batch or --lengths)"
+    text = str(err).strip().splitlines()
+    return INTERNAL, (f"{type(err).__name__}: {text[-1] if text else ''} (a bug in portable-pe: "
+                      "rerun with --debug for the traceback and report it)")
+
