@@ -20,6 +20,7 @@ from typing import Callable
 
 import numpy as np
 
+from .io_names import HIDDEN
 from .parity import compare, dim_roles, make_inputs, torch_reference, usable_lengths
 from .threads import DEFAULT_THREADS, set_threads
 from .tuning_db import database_dir, tuned_points
@@ -90,7 +91,7 @@ def torch_engine(ctx: dict, *, compiled: bool):
         def run():
             with torch.inference_mode():
                 return model(**feeds)
-        return run, lambda out: {"hidden": out.numpy()}
+        return run, lambda out: {HIDDEN: out.numpy()}
     return prepare
 
 

@@ -91,7 +91,7 @@ def cmd_compile(args) -> int:
     if args.out is not None:  # compile_graph checks it again; this spares a refused --out the imports
         bundle_destination(args.out, force=args.force)
     from .compile import compile_graph
-    from .parity import DEFAULT_LENGTHS, check_bundle
+    from .parity import DEFAULT_LENGTHS, check_bundle, usable_lengths
     print(f"compiling {args.graph} for target {args.target}"
           f"{' -> ' + str(args.out) if args.out is not None else ''}", flush=True)
     options = {k: v for k, v in (("board", args.board), ("arch", args.arch), ("profile", args.profile),
@@ -100,22 +100,26 @@ def cmd_compile(args) -> int:
                            keep_intermediates=args.keep_intermediates, shapes=dict(args.shape or []),
                            target_options=options, pe_tables=args.pe_tables, tuning=not args.no_tuning,
                            exporter=args.exporter, force=args.force, log=lambda m: print(m, flush=True))
-    runner = _local_runner(bundle)
-    if runner is None and bundle.manifest["reference"]["source"] == "onnxruntime":
-        return 0  # onnxruntime is the reference: nothing else to compare here
-    return _print_report(check_bundle(bundle, lengths=args.lengths or DEFAULT_LENGTHS, tvm_runner=runner,
-                                      candidates=("onnxruntime", "tvm") if runner else ("onnxruntime",)), args.json)
+    lengths = usable_lengths(bundle.manifest, args.lengths or DEFAULT_LENGTHS)
+    skipped = sorted(set(args.lengths or ()) - set(lengths))
+    if skipped:
+        print(f"note: --lengths {','.join(map(str, skipped))} skipped: outside what the bundle accepts", flush=True)
+    runner, why = _local_runner(bundle)
+    report = check_bundle(bundle, lengths=lengths, tvm_runner=runner,
+                          candidates=("onnxruntime", "tvm") if runner else ("onnxruntime",))
+    report.unverified = why
+    return _print_report(report, args.json)
 
 
 def _local_runner(bundle):
-    """The bundle's module loaded here, or None (with a note) for a board or a missing GPU."""
+    """(the bundle's module loaded here, "") or (None, why) for a board's or a GPU's bundle."""
     from .artifact import BundleError
     from .runtime import LocalRunner
     try:
-        return LocalRunner(bundle).run
+        return LocalRunner(bundle).run, ""
     except BundleError as err:
         print(f"note: the compiled module is not run here: {err}", flush=True)
-        return None
+        return None, str(err)
 
 
 def cmd_deploy(args) -> int:
@@ -152,8 +156,10 @@ def cmd_tune(args) -> int:
 def cmd_parity(args) -> int:
     from .artifact import load_bundle
     from .parity import DEFAULT_LENGTHS, check_bundle
+    from .parity import check_request
     _json_path(args)
     bundle = load_bundle(args.bundle)
+    check_request(bundle.manifest, lengths=args.lengths or (), batch=args.batch)
     return _print_report(check_bundle(bundle, lengths=args.lengths or DEFAULT_LENGTHS, batch=args.batch), args.json)
 
 
@@ -224,7 +230,7 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_list(args) -> int:
-    from .encodings import ENCODING_NOTES
+    from .encoding_notes import ENCODING_NOTES
     from .graphs import DEFAULT_GRAPH, GRAPHS
     from .targets import TARGETS, load_target
     print("graphs:")

@@ -29,7 +29,8 @@ from .intermediates import Intermediates
 from .interrupts import raise_if_interrupted
 from .out_paths import bundle_destination
 from .user_files import load_onnx_file
-from .parity import DEFAULT_LENGTHS, TOLERANCES, dim_roles, make_inputs, tolerance_for, onnxruntime_runner, torch_reference, usable_lengths
+from .io_names import describe_io, dim_roles
+from .parity import DEFAULT_LENGTHS, TOLERANCES, make_inputs, tolerance_for, onnxruntime_runner, torch_reference, usable_lengths
 from .targets import TargetSpec, load_target
 
 
@@ -336,33 +337,3 @@ def fix_input_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> No
         for dim, size in zip(shape.dim, dims):
             dim.Clear()
             dim.dim_value = size
-
-
-def describe_io(model: onnx.ModelProto, spec: GraphSpec | None) -> dict:
-    """Inputs/outputs with dtype and dims; symbolic dims with a role (batch/seq) and bounds."""
-    def value_info(vi):
-        # an unnamed dynamic dim gets the name legalize() gives it
-        dims = [d.dim_param or d.dim_value or f"{vi.name}_dim{axis}"
-                for axis, d in enumerate(vi.type.tensor_type.shape.dim)]
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
-        return {"name": vi.name, "dtype": str(dtype), "dims": dims}
-    initializers = {i.name for i in model.graph.initializer}
-    inputs = [value_info(vi) for vi in model.graph.input if vi.name not in initializers]
-    outputs = [value_info(vi) for vi in model.graph.output]
-    dims = {}
-    for spec_io in inputs:
-        for axis, d in enumerate(spec_io["dims"]):
-            if isinstance(d, str) and d not in dims:
-                role = "batch" if axis == 0 and len(spec_io["dims"]) >= 2 else "seq"
-                dims[d] = {"role": role, "min": 1, "max": 4096}
-    if spec is not None:
-        dims = {"batch": {"role": "batch", "min": 1, "max": spec.max_batch},
-                "seq": {"role": "seq", "min": 1, "max": spec.max_length}}
-    desc = {"inputs": inputs, "outputs": outputs, "dims": dims}
-    if spec is not None and spec.build().pe.max_length is not None:
-        why = f"learned position table of {spec.max_length} rows"
-        dims["seq"]["why"] = f"({why})"
-        desc["value_limits"] = {"positions": {"min": 0, "max": spec.max_length - 1, "why": why}}
-    if not dims:
-        desc["static_length"] = next((d[1] for d in (i["dims"] for i in inputs) if len(d) >= 2), 0)
-    return desc

@@ -16,6 +16,7 @@ import onnx
 import torch
 
 from .graphs import GraphSpec
+from .io_names import BATCH, DYNAMIC_AXES, INPUT_NAMES, OUTPUT_NAMES, SEQ
 
 #: opset of our own exports: TVM's importer has no RotaryEmbedding-23 converter of its own,
 #: and at opset 23 the dynamo exporter fuses RoPE into that op.
@@ -71,8 +72,7 @@ def export_onnx(spec: GraphSpec, *, opset: int = EXPORT_OPSET, exporter: str = D
 def _export_torchscript(spec: GraphSpec, model, opset: int) -> onnx.ModelProto:
     buffer = io.BytesIO()
     torch.onnx.export(model, example_inputs(spec), buffer, dynamo=False, opset_version=opset,
-                      input_names=["x", "positions"], output_names=["hidden"],
-                      dynamic_axes={"x": {0: "batch", 1: "seq"}, "positions": {0: "seq"}})
+                      input_names=list(INPUT_NAMES), output_names=list(OUTPUT_NAMES), dynamic_axes=DYNAMIC_AXES)
     return _constants_as_initializers(onnx.load_from_string(buffer.getvalue()))
 
 
@@ -99,19 +99,20 @@ def _constants_as_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _export_dynamo(spec: GraphSpec, model, opset: int) -> onnx.ModelProto:
-    batch = torch.export.Dim("batch", min=1, max=spec.max_batch)
-    seq = torch.export.Dim("seq", min=1, max=spec.max_length)
+    dims = {BATCH: torch.export.Dim(BATCH, min=1, max=spec.max_batch),
+            SEQ: torch.export.Dim(SEQ, min=1, max=spec.max_length)}
     program = torch.onnx.export(
         model, example_inputs(spec), dynamo=True, opset_version=opset,
-        input_names=["x", "positions"], output_names=["hidden"],
-        dynamic_shapes={"x": {0: batch, 1: seq}, "positions": {0: seq}}, verbose=False)
+        input_names=list(INPUT_NAMES), output_names=list(OUTPUT_NAMES),
+        dynamic_shapes={name: {axis: dims[role] for axis, role in axes.items()} for name, axes in DYNAMIC_AXES.items()},
+        verbose=False)
     return program.model_proto
 
 
 #: where exports are cached; set it empty to turn the cache off
 CACHE_ENV = "PORTABLE_PE_CACHE_DIR"
 # The modules an encoder's export is a function of, besides the spec and the versions.
-_EXPORT_SOURCES = ("model.py", "encodings.py", "export.py")
+_EXPORT_SOURCES = ("model.py", "encodings.py", "export.py", "io_names.py")
 
 
 def cache_dir() -> Path | None:

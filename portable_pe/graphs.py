@@ -7,20 +7,22 @@ rebuild the PyTorch reference anywhere.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+import inspect
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .encodings import ENCODINGS
-from .model import EncoderConfig, Encoder, build_encoder
 from .registry import read_toml, toml_registry
+from .spec_schema import validate_spec
+
+if TYPE_CHECKING:
+    from .model import Encoder, EncoderConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 GRAPHS_DIR = ROOT / "graphs"
 DEFAULT_GRAPH = "rope"
 
-_MODEL_KEYS = set(EncoderConfig.__dataclass_fields__)
-_TOP_KEYS = {"name", "description", "seed", "model", "encoding", "export"}
-_EXPORT_KEYS = {"example_length", "max_length", "max_batch"}
+_EXPORT_KEYS = ("example_length", "max_length", "max_batch")
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,7 @@ class GraphSpec:
     max_batch: int = 64
 
     def build(self) -> Encoder:
+        from .model import build_encoder  # torch: only when a model is built
         return build_encoder(self.model, self.encoding, self.encoding_options, seed=self.seed)
 
     def to_dict(self) -> dict:
@@ -47,37 +50,39 @@ class GraphSpec:
 
     @classmethod
     def from_dict(cls, data: dict, *, source: str = "<dict>") -> GraphSpec:
-        def fail(msg):
-            raise ValueError(f"{source}: {msg}")
-        unknown = set(data) - _TOP_KEYS
-        if unknown:
-            fail(f"unknown key(s) {sorted(unknown)}; valid top-level keys: {sorted(_TOP_KEYS)}")
-        for key in ("name", "model", "encoding"):
-            if key not in data:
-                fail(f"missing required key `{key}`")
-        model = data["model"]
-        if not isinstance(model, dict) or set(model) - _MODEL_KEYS:
-            fail(f"[model] keys must be among {sorted(_MODEL_KEYS)}, got {sorted(model) if isinstance(model, dict) else model!r}")
-        encoding = dict(data["encoding"]) if isinstance(data["encoding"], dict) else {"name": data["encoding"]}
-        enc_name = encoding.pop("name", None)
-        if enc_name not in ENCODINGS:
-            fail(f"[encoding] name {enc_name!r} is unknown; valid: {', '.join(ENCODINGS)}")
+        from .model import EncoderConfig
+        data = validate_spec(data, source=source, defaults=_defaults())
+        encoding = dict(data["encoding"])
+        enc_name = encoding.pop("name")
         export = data.get("export", {})
-        if set(export) - _EXPORT_KEYS:
-            fail(f"[export] keys must be among {sorted(_EXPORT_KEYS)}, got {sorted(export)}")
         try:
-            cfg = EncoderConfig(**model)
+            cfg = EncoderConfig(**data["model"])
         except (TypeError, ValueError) as err:
-            fail(f"[model]: {err}")
+            raise ValueError(f"{source}: [model]: {err}") from None
         spec = cls(name=str(data["name"]), model=cfg, encoding=enc_name, encoding_options=encoding,
                    description=data.get("description", ""), seed=int(data.get("seed", 0)), **export)
         try:  # build once so bad encoding options fail here, naming the file
             encoder = spec.build()
         except ValueError as err:
-            fail(str(err))
+            raise ValueError(f"{source}: {err}") from None
         if encoder.pe.max_length is not None and spec.max_length > encoder.pe.max_length:
             spec = replace(spec, max_length=encoder.pe.max_length)
         return spec
+
+
+def _defaults() -> dict:
+    """What a left-out spec field takes, for spec_schema's checks that span fields."""
+    from .encodings import ENCODINGS
+    from .model import EncoderConfig
+    def of(fields_of) -> dict:
+        return {f.name: f.default for f in fields(fields_of) if f.default is not MISSING}
+
+    def options(cls) -> dict:
+        return {n: p.default for n, p in inspect.signature(cls.__init__).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+    spec = of(GraphSpec)
+    return {"model": of(EncoderConfig), "export": {k: spec[k] for k in _EXPORT_KEYS},
+            "encoding": {name: options(cls) for name, cls in ENCODINGS.items()}}
 
 
 GRAPHS: dict[str, Path] = toml_registry(GRAPHS_DIR)

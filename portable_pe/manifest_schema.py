@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+from .io_names import ROLES
+
 #: files every bundle has; each must be in the checksum list
 REQUIRED_FILES = ("model.so", "model.onnx", "reference.npz")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -39,7 +41,7 @@ class _ListOf:
 
 _NUMBER = (int, float)
 _IO = {"name": str, "dtype": str, "dims": _ListOf((int, str))}
-_DIM = {"role": _Choice("batch", "seq"), "min": int, "max": int, "why?": str}
+_DIM = {"role": _Choice(*ROLES), "min": int, "max": int, "why?": str}
 SCHEMA = {
     "format_version": int,
     "graph": {"name": str, "source": _Choice("spec", "onnx"), "spec": (dict, type(None))},

@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from .io_names import BATCH, HIDDEN, POSITIONS, SEQ, X, dim_roles, is_position_input
+
 #: absolute and relative (to the reference's largest magnitude) error allowed, by dtype.
 #: A result passes when max_abs <= atol + rtol * max|ref| and cosine >= min_cosine.
 TOLERANCES = {
@@ -43,14 +45,14 @@ def make_inputs(input_specs: list[dict], *, length: int, batch: int = 1, seed: i
     roles = dim_roles or {}
     arrays = {}
     for spec in input_specs:
-        shape = [d if isinstance(d, int) else (batch if roles.get(d) == "batch" else length)
+        shape = [d if isinstance(d, int) else (batch if roles.get(d) == BATCH else length)
                  for d in spec["dims"]]
-        name, dtype = spec["name"].lower(), np.dtype(spec["dtype"])
+        name, dtype = spec["name"], np.dtype(spec["dtype"])
         if dtype.kind == "f":
             arrays[spec["name"]] = rng.standard_normal(shape).astype(dtype)
-        elif "position" in name or name in ("pos", "positions"):
+        elif is_position_input(name):
             arrays[spec["name"]] = np.broadcast_to(np.arange(shape[-1] if shape else 1), shape).astype(dtype).copy()
-        elif "mask" in name:
+        elif "mask" in name.lower():
             arrays[spec["name"]] = np.ones(shape, dtype)
         else:
             high = spec.get("high", 2)
@@ -103,17 +105,26 @@ class ParityReport:
     target: str
     reference: str
     rows: list[Comparison] = field(default_factory=list)
+    #: why the compiled artifact did not run here (a board's or a GPU's bundle): the
+    #: verdict is then UNVERIFIED, never PASS, whatever onnxruntime's rows say
+    unverified: str = ""
 
     @property
     def ok(self) -> bool:
-        return bool(self.rows) and all(r.ok for r in self.rows)
+        """Nothing failed (PASS, or UNVERIFIED with passing onnxruntime rows)."""
+        return (bool(self.rows) or bool(self.unverified)) and all(r.ok for r in self.rows)
+
+    @property
+    def verdict(self) -> str:
+        return "FAIL" if not self.ok else "UNVERIFIED" if self.unverified else "PASS"
 
     def worst(self, candidate: str) -> float:
         return max((r.max_abs for r in self.rows if r.candidate == candidate), default=float("nan"))
 
     def to_json(self) -> str:
         return json.dumps({"graph": self.graph, "target": self.target, "reference": self.reference,
-                           "ok": self.ok, "rows": [asdict(r) for r in self.rows]}, indent=2)
+                           "ok": self.ok, "verdict": self.verdict, "unverified": self.unverified,
+                           "rows": [asdict(r) for r in self.rows]}, indent=2)
 
     def to_markdown(self) -> str:
         lines = [f"### parity: {self.graph} on {self.target} (reference: {self.reference})", "",
@@ -123,21 +134,34 @@ class ParityReport:
             lines.append(f"| {r.candidate} | {r.length} | {r.output} | {'x'.join(map(str, r.shape))} | "
                          f"{r.max_abs:.2e} | {r.max_rel:.2e} | {r.cosine:.6f} | "
                          f"{'ok' if r.ok else 'FAIL (' + r.why + ')'} |")
-        lines += ["", f"**{'PASS' if self.ok else 'FAIL'}**"]
+        lines += ["", f"**{self.verdict}**"]
+        if self.unverified:
+            lines[-1] += (f" (the compiled model did not run here: {self.unverified}. "
+                          f"{'Only onnxruntime was compared; ' if self.rows else ''}"
+                          "run the bundle where it can run, e.g. `portable-pe deploy`)")
         return "\n".join(lines)
-
-
-def dim_roles(manifest: dict) -> dict[str, str]:
-    return {name: info.get("role", "seq") for name, info in manifest.get("dims", {}).items()}
 
 
 def usable_lengths(manifest: dict, lengths) -> list[int]:
     """The requested lengths the bundle accepts; a static graph has its one length."""
-    seq = [info for info in manifest.get("dims", {}).values() if info.get("role") == "seq"]
+    seq = [info for info in manifest.get("dims", {}).values() if info.get("role") == SEQ]
     if not seq:
         return [manifest.get("static_length", 0)]
     lo, hi = max(i["min"] for i in seq), min(i["max"] for i in seq)
     return [n for n in lengths if lo <= n <= hi]
+
+
+def check_request(manifest: dict, *, lengths, batch: int = 1) -> None:
+    """Refuse sequence lengths or a batch the bundle cannot take, naming its bounds."""
+    bad = sorted(set(lengths) - set(usable_lengths(manifest, lengths)))
+    if bad:
+        seq = [f"{info['min']}..{info['max']}" for info in manifest.get("dims", {}).values() if info["role"] == SEQ]
+        accepts = f"lengths in {seq[0]}" if seq else f"only its static length {manifest.get('static_length')}"
+        raise ValueError(f"--lengths {','.join(map(str, bad))}: this bundle accepts {accepts}")
+    batches = [info for info in manifest.get("dims", {}).values() if info["role"] == BATCH]
+    top = batches[0]["max"] if batches else 1
+    if not 1 <= batch <= top:
+        raise ValueError(f"--batch {batch}: this bundle accepts batch sizes 1..{top}")
 
 
 def torch_reference(spec_dict: dict):
@@ -148,11 +172,11 @@ def torch_reference(spec_dict: dict):
 
     def run(inputs):
         feeds = {k: torch.from_numpy(v) for k, v in inputs.items()}
-        if "positions" not in feeds:  # an NPU graph has positions folded in as arange(T)
-            feeds["positions"] = torch.arange(feeds["x"].shape[1])
+        if POSITIONS not in feeds:  # an NPU graph has positions folded in as arange(T)
+            feeds[POSITIONS] = torch.arange(feeds[X].shape[1])
         with torch.no_grad():
             out = model(**feeds)
-        return {"hidden": out.numpy()}
+        return {HIDDEN: out.numpy()}
     return run
 
 

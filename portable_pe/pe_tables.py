@@ -17,6 +17,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from .io_names import POSITIONS
+
 
 def quantize_rows(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(int8 table, float32 per-row scales) for a 2-D float table."""
@@ -76,7 +78,7 @@ def _depends_on(model: onnx.ModelProto, source: str) -> set[str]:
     return reached
 
 
-def quantize_onnx_tables(model: onnx.ModelProto, *, positions: str = "positions") -> tuple[onnx.ModelProto, list[dict]]:
+def quantize_onnx_tables(model: onnx.ModelProto, *, positions: str = POSITIONS) -> tuple[onnx.ModelProto, list[dict]]:
     """Store every float table that is gathered by position-derived indices as int8 rows."""
     model = onnx.ModelProto.FromString(model.SerializeToString())
     inits = {i.name: i for i in model.graph.initializer}

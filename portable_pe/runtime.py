@@ -11,6 +11,7 @@ import platform
 import numpy as np
 
 from .artifact import Bundle, BundleError
+from .io_names import ROLES
 
 
 class InputError(ValueError):
@@ -91,7 +92,7 @@ def entry_for(manifest: dict, inputs: dict[str, np.ndarray]) -> str:
             if isinstance(dim, str):
                 sizes[manifest["dims"][dim]["role"]] = size
     for entry in manifest.get("tuning", {}).get("specializations", []):
-        if all(sizes.get(role, entry[role]) == entry[role] for role in ("batch", "seq")):
+        if all(sizes.get(role, entry[role]) == entry[role] for role in ROLES):
             return entry["function"]
     return "main"
 

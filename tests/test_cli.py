@@ -108,9 +108,9 @@ def test_bad_names_are_clear_errors(args, message, tmp_path):
 @pytest.mark.parametrize("text,message", [
     ("name = 'x'\n[model\n", "not valid TOML"),
     ("name = 'x'\n[encoding]\nname = 'rope'\n", "missing required key `model`"),
-    ("name = 'x'\n[model]\nd_model = 64\nn_heads = 5\n[encoding]\nname = 'rope'\n", "d_model (64) must be divisible by n_heads (5)"),
-    ("name = 'x'\n[model]\nd_model = 64\nwidth = 3\n[encoding]\nname = 'rope'\n", "[model] keys must be among"),
-    ("name = 'x'\n[model]\nd_model = 64\n[encoding]\nname = 'fourier'\n", "[encoding] name 'fourier' is unknown; valid: sinusoidal"),
+    ("name = 'x'\n[model]\nd_model = 64\nn_heads = 5\n[encoding]\nname = 'rope'\n", "model.d_model = 64 must be divisible by model.n_heads = 5"),
+    ("name = 'x'\n[model]\nd_model = 64\nwidth = 3\n[encoding]\nname = 'rope'\n", "unknown key `model.width`; valid keys: d_model, n_heads"),
+    ("name = 'x'\n[model]\nd_model = 64\n[encoding]\nname = 'fourier'\n", "encoding.name = 'fourier': expected one of sinusoidal"),
 ])
 def test_malformed_specs_name_the_file_and_key(text, message, tmp_path):
     spec = tmp_path / "bad.toml"

@@ -15,6 +15,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ..io_names import is_position_input
+
 #: ops that compute positions at run time; none may survive folding (NPUs lack them, and
 #: a surviving one means the encoding still depends on something other than positions)
 RUNTIME_POSITION_OPS = ("Sin", "Cos", "Range", "Log", "Shape", "CumSum", "Abs", "Greater", "Less",
@@ -23,7 +25,7 @@ RUNTIME_POSITION_OPS = ("Sin", "Cos", "Range", "Log", "Shape", "CumSum", "Abs", 
 
 def _is_position_input(vi: onnx.ValueInfoProto) -> bool:
     t = vi.type.tensor_type
-    return t.elem_type == onnx.TensorProto.INT64 and "pos" in vi.name.lower()
+    return t.elem_type == onnx.TensorProto.INT64 and is_position_input(vi.name)
 
 
 def fold_positions(model: onnx.ModelProto, *, seq_len: int, batch: int = 1) -> tuple[onnx.ModelProto, dict]:

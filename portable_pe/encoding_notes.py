@@ -1,0 +1,14 @@
+"""What each position encoding is good for, as `portable-pe list` shows it.
+
+Kept apart from encodings.py so that listing them does not import torch (a test keeps
+the keys equal to encodings.ENCODINGS)."""
+
+#: what each encoding is good for, shown by `portable-pe list`
+ENCODING_NOTES = {
+    "sinusoidal": "absolute, fixed; short inputs of known length, no parameters",
+    "learned": "absolute, learned table; fixed short inputs, hard max length",
+    "t5_bias": "relative bias on logits; exact pairwise distances (bucketed)",
+    "rope": "rotary q/k; long and variable-length inputs, relative by construction",
+    "alibi": "linear distance penalty; extrapolates to lengths longer than training",
+    "hybrid": "per-layer mix, e.g. RoPE low, relative bias high",
+}

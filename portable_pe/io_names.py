@@ -1,0 +1,79 @@
+"""The encoder's inputs, outputs and dim roles: decided here, used everywhere.
+
+    x          float32 (batch, seq, d_model)   token embeddings
+    positions  int64 (seq,)                    each token's position (like position_ids)
+    hidden     float32 (batch, seq, d_model)   the encoder's output
+
+A foreign ONNX graph keeps its own names: its position input is recognized by name
+(`is_position_input`) and each symbolic dim gets a role by where it sits (`dim_role`).
+The export, the manifest (`describe_io`), input generation, the reference runner and the
+NPU folding all read these, so a rename happens in one place.
+"""
+
+from __future__ import annotations
+
+import re
+
+X, POSITIONS, HIDDEN = "x", "positions", "hidden"
+INPUT_NAMES, OUTPUT_NAMES = (X, POSITIONS), (HIDDEN,)
+BATCH, SEQ = "batch", "seq"
+ROLES = (BATCH, SEQ)
+#: input -> {axis: role} of our own exports; the dim_params are the role names
+DYNAMIC_AXES = {X: {0: BATCH, 1: SEQ}, POSITIONS: {0: SEQ}}
+#: the bounds of a foreign graph's symbolic dims (ours come from the spec's export bounds)
+FOREIGN_DIM_MAX = 4096
+
+
+def is_position_input(name: str) -> bool:
+    """`positions`, `position_ids`, `pos`, `input_pos`...: a word of the name is pos*."""
+    words = re.split(r"[^a-z0-9]+", name.lower())
+    return any(w == "pos" or w.startswith("position") for w in words)
+
+
+def dim_role(axis: int, rank: int) -> str:
+    """A foreign graph's symbolic dim: axis 0 of a rank >= 2 input is the batch, others the sequence."""
+    return BATCH if axis == 0 and rank >= 2 else SEQ
+
+
+def dim_roles(manifest: dict) -> dict[str, str]:
+    """dim name -> role, from a manifest's (or describe_io's) `dims`."""
+    return {name: info.get("role", SEQ) for name, info in manifest.get("dims", {}).items()}
+
+
+def describe_io(model, spec) -> dict:
+    """Inputs/outputs with dtype and dims; symbolic dims with a role (batch/seq) and bounds;
+    for a learned position table, the values `positions` may take. `spec`: the GraphSpec
+    the model was exported from, or None for a foreign ONNX graph."""
+    initializers = {i.name for i in model.graph.initializer}
+    inputs = [_value_info(vi) for vi in model.graph.input if vi.name not in initializers]
+    outputs = [_value_info(vi) for vi in model.graph.output]
+    dims = {}
+    for io in inputs:
+        for axis, d in enumerate(io["dims"]):
+            if isinstance(d, str) and d not in dims:
+                dims[d] = {"role": dim_role(axis, len(io["dims"])), "min": 1, "max": FOREIGN_DIM_MAX}
+    if spec is not None:
+        dims = {BATCH: {"role": BATCH, "min": 1, "max": spec.max_batch},
+                SEQ: {"role": SEQ, "min": 1, "max": spec.max_length}}
+    desc = {"inputs": inputs, "outputs": outputs, "dims": dims}
+    if spec is not None and spec.build().pe.max_length is not None:
+        why = f"learned position table of {spec.max_length} rows"
+        dims[SEQ]["why"] = f"({why})"
+        desc["value_limits"] = {POSITIONS: {"min": 0, "max": spec.max_length - 1, "why": why}}
+    if not dims:
+        desc["static_length"] = next((d[1] for d in (i["dims"] for i in inputs) if len(d) >= 2), 0)
+    return desc
+
+
+def _value_info(vi) -> dict:
+    import onnx
+    # an unnamed dynamic dim gets the name legalize() gives it
+    dims = [d.dim_param or d.dim_value or f"{vi.name}_dim{axis}"
+            for axis, d in enumerate(vi.type.tensor_type.shape.dim)]
+    try:
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
+    except (KeyError, ValueError):
+        raise ValueError(f"graph input/output {vi.name!r} is not a tensor of a numeric type "
+                         f"(ONNX elem_type {vi.type.tensor_type.elem_type}); portable-pe compiles "
+                         "graphs of numeric tensors") from None
+    return {"name": vi.name, "dtype": str(dtype), "dims": dims}
