@@ -115,10 +115,10 @@ def _remove(path: Path) -> None:
 def load_bundle(path: str | Path, *, verify: bool = True) -> Bundle:
     """Load and verify a bundle: the manifest schema, format version, every checksum, and
     a checksum for every file in the folder."""
-    path = Path(path)
-    manifest_path = path / MANIFEST
     if not str(path).strip():
         raise BundleError("the bundle path is empty; expected a bundle folder (with manifest.json)")
+    path = Path(path)
+    manifest_path = path / MANIFEST
     if path.is_file():
         raise BundleError(f"{path} is a file; expected a bundle folder (with {MANIFEST})")
     if not path.is_dir():

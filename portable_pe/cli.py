@@ -90,6 +90,9 @@ def cmd_compile(args) -> int:
     _json_path(args)
     if args.out is not None:  # compile_graph checks it again; this spares a refused --out the imports
         bundle_destination(args.out, force=args.force)
+    if Path(args.graph).suffix != ".onnx":  # the same: a bad spec is refused before torch loads
+        from .graphs import read_spec
+        read_spec(args.graph)
     from .compile import compile_graph
     from .parity import DEFAULT_LENGTHS, check_bundle, usable_lengths
     print(f"compiling {args.graph} for target {args.target}"
@@ -253,11 +256,32 @@ def cmd_bench(args) -> int:
                         repeat=args.repeat, min_time_s=args.min_time, engines=tuple(args.engines.split(",")))
     out = Path(args.out) if args.out is not None else Path("dist") / f"bench-{Path(args.graph).stem}"
     output_folder(args.out if args.out is not None else out, option="--out", files=("bench.json", "bench.md", "bench.png"))
+    _bench_precheck(args, settings)
     result = bench_graph(args.graph, settings=settings, tuned=args.tuned, bundle=args.bundle, out=out,
                          log=lambda m: print(m, flush=True))
     print(result.to_markdown())
     print(f"(wrote {out / 'bench.json'}, bench.md and bench.png)")
     return 0 if all(c.ok is not False for c in result.cells) else 1
+
+
+def _bench_precheck(args, settings) -> None:
+    """What bench_graph would refuse only after compiling, refused before."""
+    from .artifact import load_bundle
+    from .bench import ENGINES
+    from .parity import check_request
+    unknown = sorted(set(settings.engines) - set(ENGINES))
+    if unknown:
+        raise ValueError(f"--engines: unknown engine(s) {', '.join(unknown)}; valid: {', '.join(ENGINES)}")
+    bundles = [load_bundle(path) for path in (args.bundle, args.tuned) if path is not None]
+    for bundle in bundles:
+        check_request(bundle.manifest, lengths=settings.lengths, batch=max(settings.batches))
+    if not bundles and Path(args.graph).suffix != ".onnx":
+        from .graphs import load_graph
+        spec = load_graph(args.graph)
+        if max(settings.lengths) > spec.max_length:
+            raise ValueError(f"--lengths {max(settings.lengths)}: graph {spec.name!r} accepts lengths 1..{spec.max_length}")
+        if max(settings.batches) > spec.max_batch:
+            raise ValueError(f"--batch {max(settings.batches)}: graph {spec.name!r} accepts batch sizes 1..{spec.max_batch}")
 
 
 COMMANDS = {"compile": cmd_compile, "parity": cmd_parity, "run": cmd_run,

@@ -136,8 +136,9 @@ def stage_target(st: CompileState) -> None:
     from .backends import get_backend
     unknown = sorted(set(st.target_options) - set(st.target.options))
     if unknown:
-        raise ValueError(f"target {st.target.name!r} takes no option {', '.join(unknown)}; "
-                         f"its options: {', '.join(st.target.options) or 'none'}")
+        raise ValueError(f"target {st.target.name!r} takes no option {', '.join(unknown)} "
+                         f"(--{', --'.join(u.replace('_', '-') for u in unknown)}); its valid options: "
+                         f"{', '.join(st.target.options) or 'none'}")
     st.target_options = {**{k: o["default"] for k, o in st.target.options.items() if "default" in o},
                          **st.target_options}
     st.tvm_target = get_backend(st.target.backend).tvm_target(st.target, **st.target_options)
@@ -329,11 +330,12 @@ def fix_input_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> No
     inputs = {vi.name: vi for vi in model.graph.input}
     for name, dims in shapes.items():
         if name not in inputs:
-            raise ValueError(f"--shape names input {name!r}; the graph's inputs are {sorted(inputs)}")
+            raise ValueError(f"--shape names input {name!r}, which the graph does not have; expected one of "
+                             f"its inputs: {', '.join(sorted(inputs))}")
         shape = inputs[name].type.tensor_type.shape
         if len(shape.dim) != len(dims):
-            raise ValueError(f"--shape {name}={'x'.join(map(str, dims))} has rank {len(dims)}, "
-                             f"input {name!r} has rank {len(shape.dim)}")
+            raise ValueError(f"--shape {name}={'x'.join(map(str, dims))} gives {len(dims)} sizes; expected "
+                             f"{len(shape.dim)} (input {name!r} has rank {len(shape.dim)})")
         for dim, size in zip(shape.dim, dims):
             dim.Clear()
             dim.dim_value = size

@@ -93,7 +93,7 @@ def connect(*, rpc: str | None = None, tracker: str | None = None, key: str | No
                            timeout=wait, what=f"RPC handshake with {host}:{port}")
         return session, f"{host}:{port}"
     if not key:
-        raise ValueError("--tracker needs --key KEY (the key the board registered with)")
+        raise ValueError("--tracker must come with --key KEY (the key the board registered with)")
     host, port = parse_address(tracker, what="--tracker")
     probe(host, port, timeout=wait, what="RPC tracker")
     tracker_session = _bounded(lambda: tvm_rpc.connect_tracker(host, port), timeout=wait,

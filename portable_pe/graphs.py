@@ -7,8 +7,7 @@ rebuild the PyTorch reference anywhere.
 
 from __future__ import annotations
 
-import inspect
-from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,9 +20,6 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parent.parent
 GRAPHS_DIR = ROOT / "graphs"
 DEFAULT_GRAPH = "rope"
-
-_EXPORT_KEYS = ("example_length", "max_length", "max_batch")
-
 
 @dataclass(frozen=True)
 class GraphSpec:
@@ -51,7 +47,7 @@ class GraphSpec:
     @classmethod
     def from_dict(cls, data: dict, *, source: str = "<dict>") -> GraphSpec:
         from .model import EncoderConfig
-        data = validate_spec(data, source=source, defaults=_defaults())
+        data = validate_spec(data, source=source)
         encoding = dict(data["encoding"])
         enc_name = encoding.pop("name")
         export = data.get("export", {})
@@ -70,30 +66,25 @@ class GraphSpec:
         return spec
 
 
-def _defaults() -> dict:
-    """What a left-out spec field takes, for spec_schema's checks that span fields."""
-    from .encodings import ENCODINGS
-    from .model import EncoderConfig
-    def of(fields_of) -> dict:
-        return {f.name: f.default for f in fields(fields_of) if f.default is not MISSING}
-
-    def options(cls) -> dict:
-        return {n: p.default for n, p in inspect.signature(cls.__init__).parameters.items()
-                if p.default is not inspect.Parameter.empty}
-    spec = of(GraphSpec)
-    return {"model": of(EncoderConfig), "export": {k: spec[k] for k in _EXPORT_KEYS},
-            "encoding": {name: options(cls) for name, cls in ENCODINGS.items()}}
-
-
 GRAPHS: dict[str, Path] = toml_registry(GRAPHS_DIR)
 
 
 def load_graph(name_or_path: str | Path) -> GraphSpec:
     """A shipped graph by name, or a TOML spec by path."""
+    data, source = read_spec(name_or_path)
+    return GraphSpec.from_dict(data, source=source)
+
+
+def read_spec(name_or_path: str | Path) -> tuple[dict, str]:
+    """(the spec's table checked against spec_schema, its path): what load_graph builds
+    from, without torch, so the CLI refuses a bad spec in a moment."""
     path = Path(name_or_path)
     if path.suffix != ".toml":
+        if path.is_dir():
+            raise ValueError(f"{name_or_path} is a folder; expected a shipped graph name ({', '.join(GRAPHS)}), "
+                             "a .toml spec or an .onnx file")
         if str(name_or_path) not in GRAPHS:
             raise ValueError(f"unknown graph {str(name_or_path)!r}; shipped graphs: {', '.join(GRAPHS)} "
                              "(or give a .toml spec path or an .onnx file)")
         path = GRAPHS[str(name_or_path)]
-    return GraphSpec.from_dict(read_toml(path, what="graph spec"), source=str(path))
+    return validate_spec(read_toml(path, what="graph spec"), source=str(path)), str(path)

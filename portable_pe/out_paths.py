@@ -67,7 +67,8 @@ def output_file(path: str | Path, *, kind: str, option: str, protect: tuple[Path
     if dest.is_dir():
         raise OutputPathError(f"{option} {path} is a folder; expected the path of a .{kind} file to write")
     if any(dest == Path(p).resolve() for p in protect):
-        raise OutputPathError(f"{option} {path} is also an input of this command; write the result elsewhere")
+        raise OutputPathError(f"{option} {path} is also an input of this command; refusing to overwrite it. "
+                              "Write the result elsewhere")
     if dest.exists() and not _is_kind(dest, kind):
         raise OutputPathError(f"{option} {path} exists and is not a .{kind} file portable-pe wrote; "
                               "refusing to overwrite it. Give a new path, or remove the file first")
@@ -103,8 +104,7 @@ def write_file_atomically(path: Path, data: bytes) -> None:
 
 def _resolved(path: str | Path, option: str) -> Path:
     if not str(path).strip():
-        raise OutputPathError(f"{option} is empty (an unset shell variable?); an empty path would mean "
-                              "the working directory. Give the path to write")
+        raise OutputPathError(f"{option} is empty (an unset shell variable?); expected a path to write to")
     return Path(path).resolve()
 
 

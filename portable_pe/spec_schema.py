@@ -53,10 +53,19 @@ ENCODING_OPTIONS = {
     "alibi": {},
     "hybrid": {},  # `layers` and one table of options per listed encoding: checked in _encoding
 }
-def validate_spec(data, *, source: str, defaults: dict) -> dict:
-    """`data` with `encoding` as a table, once every field follows the schema. `defaults`:
-    {"model": ..., "export": ..., "encoding": {name: ...}}, the values a left-out field
-    takes (from the dataclasses and constructors), for the checks that span fields."""
+#: what a left-out field takes, for the checks that span fields: the defaults of
+#: EncoderConfig, GraphSpec and the encodings' constructors, spelled out because those
+#: modules load torch (a test keeps them the same)
+DEFAULTS = {
+    "model": {"d_model": 256, "n_heads": 4, "n_layers": 4, "d_ff": 1024, "norm_eps": 1e-5},
+    "export": {"example_length": 16, "max_length": 4096, "max_batch": 64},
+    "encoding": {"sinusoidal": {"base": 10000.0}, "learned": {"max_len": 512},
+                 "t5_bias": {"num_buckets": 32, "max_distance": 128},
+                 "rope": {"base": 10000.0, "rotary_dim": None, "interleaved": False}, "alibi": {}, "hybrid": {}},
+}
+def validate_spec(data, *, source: str) -> dict:
+    """`data` with `encoding` as a table, once every field follows the schema."""
+    defaults = DEFAULTS
     fail = _failer(source)
     if not isinstance(data, dict):
         fail(f"a graph spec must be a TOML table, got {type(data).__name__}")
