@@ -131,8 +131,8 @@ def load_bundle(path: str | Path, *, verify: bool = True) -> Bundle:
         raise BundleError(f"{manifest_path} is not valid JSON ({err}): the bundle is corrupt") from None
     version = manifest.get("format_version") if isinstance(manifest, dict) else None
     if isinstance(manifest, dict) and version != FORMAT_VERSION:
-        raise BundleError(f"{manifest_path}: format version {version!r}, this portable-pe reads "
-                          f"version {FORMAT_VERSION}; recompile the bundle")
+        raise BundleError(f"{manifest_path}: format_version is {version!r}; expected {FORMAT_VERSION}, the "
+                          "version this portable-pe reads: recompile the bundle")
     try:
         validate_manifest(manifest, where=str(manifest_path))
     except ManifestError as err:
@@ -148,5 +148,6 @@ def load_bundle(path: str | Path, *, verify: bool = True) -> Bundle:
         unlisted = sorted(p.name for p in path.iterdir() if p.name != MANIFEST and p.name not in manifest["files"])
         if unlisted:
             raise BundleError(f"{path} holds {', '.join(unlisted)}, which {MANIFEST}'s checksum list does not "
-                              "cover: the bundle was changed after it was written; recompile or re-copy it")
+                              "cover: a bundle must hold only the files it lists (it was changed after it was "
+                              "written); recompile or re-copy it")
     return Bundle(path, manifest)

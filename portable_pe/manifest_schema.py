@@ -141,6 +141,8 @@ _TYPE_NAMES = {dict: "a JSON object", list: "a list", str: "a string", int: "an 
 
 
 def _kind(value) -> str:
+    if value is None:
+        return "null"
     text = repr(value)
     return f"{_TYPE_NAMES.get(type(value), type(value).__name__)} {text[:40] + '...' if len(text) > 40 else text}"
 

@@ -132,7 +132,7 @@ def _encoding_cross_checks(name: str, options: dict, where: str, fail, *, model:
     head_dim = model["d_model"] // model["n_heads"]
     d_model = model["d_model"]
     if name == "sinusoidal" and d_model % 2:
-        fail(f"model.d_model = {d_model}: the sinusoidal encoding needs an even d_model")
+        fail(f"model.d_model = {d_model}: expected an even d_model for the sinusoidal encoding")
     rotary_dim = options.get("rotary_dim")
     if name == "rope" and rotary_dim is not None and rotary_dim > head_dim:
         fail(f"{where}.rotary_dim = {rotary_dim}: expected an even integer in 2..{head_dim} "

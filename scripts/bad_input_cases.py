@@ -235,7 +235,7 @@ spec(("num_buckets",), encoding={"name": "hybrid", "layers": ["rope", "t5_bias"]
      name="hybrid sub-encoding option out of range")
 for value, words in (("fourier", ("fourier",)), (["rope"], ("encoding",)), (5, ("encoding",))):
     spec(words, encoding={"name": value}, name=f"encoding.name = {value!r}")
-spec(("encoding",), raw=toml_text({"name": "bad", "model": MODEL}) + "encoding = 5\n", name="encoding = 5")
+spec(("encoding",), raw="encoding = 5\n" + toml_text({"name": "bad", "model": MODEL}), name="encoding = 5")
 spec(("encoding",), raw='encoding = ["rope"]\n' + toml_text({"name": "bad", "model": MODEL}), name="encoding = ['rope']")
 for field, value in (("max_length", -5), ("max_length", 0), ("max_length", 8), ("max_batch", 0), ("example_length", 0),
                      ("max_length", "long"), ("nope", 1)):
