@@ -1,3 +1,12 @@
-from .cli import main
+"""`python -m portable_pe`: the CLI. A Ctrl-C while it is still loading (before cli.main
+installs its handlers) exits 130 with one line too, not with a traceback."""
+
+import sys
+
+try:
+    from .cli import main
+except KeyboardInterrupt:
+    print("portable-pe: interrupted", file=sys.stderr)
+    raise SystemExit(130) from None
 
 raise SystemExit(main())

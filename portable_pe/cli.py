@@ -380,8 +380,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .cli_errors import run_command
+    from .cli_errors import interrupted, run_command
     from .interrupts import install
     install()  # before parsing: Ctrl-C at any point is an exit 130 with partial files removed
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except KeyboardInterrupt as err:
+        return interrupted("", err)
     return run_command(args.command, COMMANDS[args.command], args, debug=getattr(args, "debug", False))

@@ -22,10 +22,7 @@ def run_command(command: str, fn, args, *, debug: bool = False) -> int:
     try:
         return fn(args)
     except KeyboardInterrupt as err:
-        code = err.exit_code if isinstance(err, Interrupted) else 130
-        print(f"portable-pe {command}: interrupted ({err if isinstance(err, Interrupted) else 'SIGINT'}); "
-              "no partial output was left", file=sys.stderr)
-        return code
+        return interrupted(command, err)
     except Exception as err:  # every failure becomes one line; --debug shows where it came from
         if debug:
             raise
@@ -33,6 +30,13 @@ def run_command(command: str, fn, args, *, debug: bool = False) -> int:
         print(f"portable-pe {command}: {'error' if code == BAD_INPUT else 'internal error'}: {message}",
               file=sys.stderr)
         return code
+
+
+def interrupted(command: str, err: KeyboardInterrupt) -> int:
+    """The line and exit status for Ctrl-C or a termination signal."""
+    print(f"{('portable-pe ' + command).strip()}: interrupted ({err if isinstance(err, Interrupted) else 'SIGINT'}); "
+          "no partial output was left", file=sys.stderr)
+    return err.exit_code if isinstance(err, Interrupted) else 130
 
 
 def describe(err: Exception) -> tuple[int, str]:

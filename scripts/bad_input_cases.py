@@ -354,7 +354,7 @@ def intact(ws, result, before):
     from bad_input_probe import tree_digest
     now = {k: v for k, v in tree_digest(ws).items() if k.startswith("bundle/")}
     was = {k: v for k, v in before.items() if k.startswith("bundle/")}
-    if result.rc == 0:
+    if result.rc == 0 or any(rc == 0 for rc, _ in result.extra):  # this command or its twin succeeded
         return "" if (ws / "bundle" / "manifest.json").is_file() else "no bundle after a successful compile"
     return "" if now == was else "the previous bundle changed although the command failed"
 

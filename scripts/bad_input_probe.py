@@ -170,6 +170,9 @@ def classify(result: Result, ws: Path, before: dict, after: dict) -> None:
     new = [rel for rel in after if rel not in before and not may_write(rel) and not rel.startswith("home/.cache")]
     partial = [rel for rel in after if re.search(r"\.(partial|old)-\d+", rel)]
     extra = case.check(ws, result, before) if case.check else ""
+    sent = case.signal[1] if case.signal else None
+    if result.rc is not None and sent is not None and result.rc == -sent:
+        result.rc = 128 + sent  # killed by the signal it was sent: what a shell reports as 128 + N
     if "Traceback (most recent call last)" in text or "internal error" in result.stderr \
             or (result.rc is not None and result.rc < 0):
         result.verdict, result.why = "traceback", _last_line(result.stderr) or f"rc {result.rc}"
