@@ -28,6 +28,7 @@ from .graphs import ROOT, GraphSpec, load_graph
 from .intermediates import Intermediates
 from .interrupts import raise_if_interrupted
 from .out_paths import bundle_destination
+from .spec_schema import NAME
 from .user_files import load_onnx_file
 from .io_names import describe_io, dim_roles
 from .parity import DEFAULT_LENGTHS, TOLERANCES, make_inputs, tolerance_for, onnxruntime_runner, torch_reference, usable_lengths
@@ -75,7 +76,9 @@ def stage_load(st: CompileState) -> None:
     path = Path(st.source)
     if path.suffix == ".onnx":
         st.model = load_onnx_file(path)
-        st.name = get_metadata(st.model).get("graph") or path.stem
+        # the name becomes part of paths (tuning databases): a foreign file's metadata must not steer them
+        named = get_metadata(st.model).get("graph")
+        st.name = named if named and NAME.ok(named) else path.stem
         if st.shapes:
             fix_input_shapes(st.model, st.shapes)
     else:

@@ -8,7 +8,6 @@ import io
 import json
 import logging
 import os
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import torch
 
 from .graphs import GraphSpec
 from .io_names import BATCH, DYNAMIC_AXES, INPUT_NAMES, OUTPUT_NAMES, SEQ
+from .out_paths import write_file_atomically
 
 #: opset of our own exports: TVM's importer has no RotaryEmbedding-23 converter of its own,
 #: and at opset 23 the dynamo exporter fuses RoPE into that op.
@@ -161,16 +161,9 @@ def export_onnx_cached(spec: GraphSpec, *, opset: int = EXPORT_OPSET,
             pass
     model = export_onnx(spec, opset=opset, exporter=exporter)
     if path is not None:
-        tmp = None
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp", delete=False) as out:
-                tmp = Path(out.name)
-                out.write(model.SerializeToString())
-            os.replace(tmp, path)
+        try:  # atomically, and no temporary file left behind by an error or a Ctrl-C
+            write_file_atomically(path, model.SerializeToString())
         except OSError as err:  # a read-only home must not fail the compile
-            if tmp is not None:
-                tmp.unlink(missing_ok=True)
             logging.getLogger(__name__).warning("export cache not written (%s): %s", path, err)
     return model, False
 
