@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Try portable-pe as a careless or hostile user would, and classify what happens.
 
-    python scripts/bad_input_probe.py [--jobs 2] [--only CATEGORY,...] [--json PATH] [--keep]
+    python scripts/bad_input_probe.py [--jobs 2] [--only CATEGORY,...] [--json PATH] [--root DIR] [--keep]
 
 Every case (scripts/bad_input_cases.py: paths, files, specs, numbers, manifests, signals,
 concurrency) runs the CLI of this checkout in a subprocess, in a fresh workspace of its
 own that holds files a user cares about (notes.txt, mydir/, a bundle, inputs). Each case
 is classified by these rules, first match wins:
 
+    probe error the probe itself failed to set the case up (reported, never counted as clean)
     traceback   "Traceback (most recent call last)" in the output, an "internal error"
                 line, or a process that died by a signal it was not sent
     data loss   a file that existed before the command changed or vanished (outside what
@@ -49,7 +50,7 @@ EXPECTED_WORDS = re.compile(
     r"expect|must|valid|allowed|accepts|choose from|refus|give |only |not a |is a (file|folder)|"
     r"does not exist|no such|cannot|missing|unknown|exceeds|outside|lacks|required|interrupted|"
     r"being written|not match|damaged|corrupt|empty|permission", re.IGNORECASE)
-CLASSES = ("clean", "unclear", "wrong exit", "data loss", "traceback")
+CLASSES = ("clean", "unclear", "wrong exit", "data loss", "traceback", "probe error")
 
 
 @dataclass
@@ -235,19 +236,27 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per case (default 600)")
     ap.add_argument("--json", help="write every case's result here")
     ap.add_argument("--keep", action="store_true", help="keep the workspaces (printed)")
+    ap.add_argument("--root", help="make the workspaces under this folder (default: the temp folder)")
     args = ap.parse_args(argv)
     cases = [c for c in CASES if not args.only or c.category in args.only.split(",")]
-    root = Path(tempfile.mkdtemp(prefix="pe-probe-"))
+    if args.root:
+        Path(args.root).mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix="pe-probe-", dir=args.root))
     cache = root / "export-cache"
     print(f"{len(cases)} cases; workspaces under {root}", flush=True)
     try:
         base = make_base(root, cache)
         results = []
         with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            futures = {pool.submit(run_case, case, make_workspace(root, i, base), cache, args.timeout): case
-                       for i, case in enumerate(cases)}
+            def one(index: int, case: Case) -> Result:
+                return run_case(case, make_workspace(root, index, base), cache, args.timeout)
+            futures = {pool.submit(one, i, case): case for i, case in enumerate(cases)}
             for future in concurrent.futures.as_completed(futures):
-                result = future.result()
+                try:
+                    result = future.result()
+                except Exception as err:  # the probe's own failure (a setup that broke): say so, go on
+                    case = futures[future]
+                    result = Result(case, None, "", "", 0.0, verdict="probe error", why=f"{type(err).__name__}: {err}")
                 results.append(result)
                 mark = "." if result.verdict == "clean" else result.verdict.upper()
                 print(f"[{len(results)}/{len(cases)}] {mark:10} {result.case.category}/{result.case.name} "
@@ -279,7 +288,7 @@ def report(results: list[Result], json_path: str | None) -> int:
                                                 "argv": r.case.argv, "rc": r.rc, "verdict": r.verdict,
                                                 "why": r.why, "stderr": r.stderr[-2000:]} for r in results],
                                                indent=2))
-    return 0 if not (counts["traceback"] or counts["data loss"] or counts["wrong exit"]) else 1
+    return 0 if not (counts["traceback"] or counts["data loss"] or counts["wrong exit"] or counts["probe error"]) else 1
 
 
 if __name__ == "__main__":
