@@ -41,20 +41,24 @@ def _print_report(report, json_path: str | None) -> int:
 
 def cmd_compile(args) -> int:
     from .compile import compile_graph
+    from .npu.simulator import vendor_runners
     from .parity import DEFAULT_LENGTHS, check_bundle
     print(f"compiling {args.graph} for target {args.target}"
           f"{' -> ' + str(args.out) if args.out else ''}", flush=True)
     options = {k: v for k, v in (("board", args.board), ("arch", args.arch), ("profile", args.profile),
-                                 ("seq_len", args.seq_len), ("host", args.host)) if v}
+                                 ("seq_len", args.seq_len), ("host", args.host), ("npu_dtype", args.npu_dtype),
+                                 ("soc", args.soc), ("vendor_build", args.vendor_build)) if v}
     bundle = compile_graph(args.graph, target=args.target, out=args.out,
                            keep_intermediates=args.keep_intermediates, shapes=dict(args.shape or []),
                            target_options=options, pe_tables=args.pe_tables, tuning=not args.no_tuning,
                            exporter=args.exporter, log=lambda m: print(m, flush=True))
     runner = _local_runner(bundle)
-    if runner is None and bundle.manifest["reference"]["source"] == "onnxruntime":
+    vendor = vendor_runners(bundle, simulated=True)  # the simulator ran in the vendor stage
+    if runner is None and not vendor and bundle.manifest["reference"]["source"] == "onnxruntime":
         return 0  # onnxruntime is the reference: nothing else to compare here
     return _print_report(check_bundle(bundle, lengths=args.lengths or DEFAULT_LENGTHS, tvm_runner=runner,
-                                      candidates=("onnxruntime", "tvm") if runner else ("onnxruntime",)), args.json)
+                                      candidates=("onnxruntime", "tvm") if runner else ("onnxruntime",),
+                                      extra_runners=vendor), args.json)
 
 
 def _local_runner(bundle):
@@ -100,9 +104,12 @@ def cmd_tune(args) -> int:
 
 def cmd_parity(args) -> int:
     from .artifact import load_bundle
+    from .npu.simulator import vendor_runners
     from .parity import DEFAULT_LENGTHS, check_bundle
     bundle = load_bundle(args.bundle)
-    return _print_report(check_bundle(bundle, lengths=args.lengths or DEFAULT_LENGTHS, batch=args.batch), args.json)
+    return _print_report(check_bundle(bundle, lengths=args.lengths or DEFAULT_LENGTHS, batch=args.batch,
+                                      extra_runners=vendor_runners(bundle, log=lambda m: print(m, flush=True))),
+                         args.json)
 
 
 def cmd_run(args) -> int:
@@ -224,6 +231,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", metavar="NAME", help="--target npu: NPU profile, targets/npu/NAME.toml (default generic_int8)")
     p.add_argument("--seq-len", type=int, metavar="N", help="--target npu: the static sequence length (default 128)")
     p.add_argument("--host", choices=["llvm", "arm"], help="--target npu: host CPU for the TVM build (default llvm)")
+    p.add_argument("--npu-dtype", choices=_option_choices("npu_dtype"), help="--target npu: int8 (default) or fp16")
+    p.add_argument("--soc", metavar="CHIP", help="--target npu: the chip the profile's vendor compiler builds for "
+                                                 "(rknpu2: rk3588 (default), rk3576, rk3568)")
+    p.add_argument("--vendor-build", choices=_option_choices("vendor_build"),
+                   help="--target npu: run the profile's vendor compiler (rknpu2: RKNN-Toolkit2): auto (default: "
+                        "when its toolchain is installed), require, skip")
     p.add_argument("--pe-tables", choices=["int8"], help="store position tables as int8 rows with per-row scales")
     p.add_argument("--no-tuning", action="store_true", help="ignore the graph's tuning database (targets/tuning/)")
     p.add_argument("--exporter", choices=EXPORTER_CHOICES, default=EXPORTER_CHOICES[0],

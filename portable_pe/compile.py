@@ -25,6 +25,7 @@ from . import __version__
 from .artifact import Bundle, write_bundle
 from .export import DEFAULT_EXPORTER, export_onnx_cached, get_metadata
 from .graphs import ROOT, GraphSpec, load_graph
+from .npu.vendor import VendorError
 from .parity import DEFAULT_LENGTHS, TOLERANCES, dim_roles, make_inputs, tolerance_for, onnxruntime_runner, torch_reference, usable_lengths
 from .targets import TargetSpec, load_target
 
@@ -60,6 +61,7 @@ class CompileState:
     use_tuning: bool = True  # apply targets/tuning/<target>/<graph> when it exists
     exporter: str = DEFAULT_EXPORTER  # torch -> ONNX exporter for specs (export.EXPORTERS)
     tuning: dict = field(default_factory=dict)  # database, digest, specialized entries
+    files: dict[str, bytes] = field(default_factory=dict)  # extra bundle files backends made (e.g. rknn/)
 
     def dump(self, filename: str, content: str | bytes) -> None:
         if self.intermediates is not None:
@@ -122,8 +124,26 @@ def stage_legalize(st: CompileState) -> None:
     if st.spec is None:  # foreign graphs: make shape arithmetic something TVM's importer follows
         from .legalize import legalize
         st.model = legalize(st.model)
-    st.model = get_backend(st.target.backend).legalize_onnx(st.model, st)
+    _record(st, get_backend(st.target.backend).legalize_onnx(st.model, st))
     st.dump("03-legalized.onnx", st.model.SerializeToString())
+
+
+def _record(st: CompileState, made) -> None:
+    """What a backend handed back (backends.Legalized / Staged / a model / a report dict):
+    the stage list, not the backend, writes it into the state."""
+    from .backends import Legalized
+    if isinstance(made, onnx.ModelProto):
+        made = Legalized(model=made)
+    if isinstance(made, Legalized):
+        st.model = made.model
+        st.io = made.io or st.io
+        if made.tolerance is not None:
+            st.target = replace(st.target, tolerance=made.tolerance)
+    if isinstance(made, dict):
+        st.target_report.update(made)
+    elif made is not None:
+        st.target_report.update(made.report)
+        st.files.update(made.files)
 
 
 def stage_import(st: CompileState) -> None:
@@ -197,12 +217,21 @@ def stage_reference(st: CompileState) -> None:
             st.reference[f"T{n}/{k}"] = v
 
 
+def stage_vendor(st: CompileState) -> None:
+    """A vendor compiler's build of the legalized graph, where the target has one (npu:
+    RKNN-Toolkit2 for the rknpu2 profile), with its placement and simulator run."""
+    from .backends import get_backend
+    vendor_build = getattr(get_backend(st.target.backend), "vendor_build", None)
+    if vendor_build is not None:
+        _record(st, vendor_build(st))
+
+
 def stage_finalize(st: CompileState) -> None:
     """Backend checks that need the build and the reference (e.g. the NPU's TVM accuracy)."""
     from .backends import get_backend
     finalize = getattr(get_backend(st.target.backend), "finalize", None)
     if finalize is not None:
-        st.target_report.update(finalize(st))
+        _record(st, finalize(st))
 
 
 def stage_bundle(st: CompileState, dest: Path) -> Bundle:
@@ -211,7 +240,7 @@ def stage_bundle(st: CompileState, dest: Path) -> Bundle:
     from .backends import get_backend
     with tempfile.TemporaryDirectory() as tmp:
         so = Path(tmp) / "model.so"
-        get_backend(st.target.backend).export_library(st.executable, so)
+        get_backend(st.target.backend).export_library(st.executable, so, target_options=st.target_options)
         buf = io.BytesIO()
         np.savez(buf, **st.reference)
         manifest = {
@@ -233,12 +262,13 @@ def stage_bundle(st: CompileState, dest: Path) -> Bundle:
             **st.target_report,
         }
         return write_bundle(dest, {"model.so": so, "model.onnx": st.model.SerializeToString(),
-                                   "reference.npz": buf.getvalue(), "run_on_board.py": BOARD_RUNNER}, json.loads(json.dumps(manifest, default=list)))
+                                   "reference.npz": buf.getvalue(), "run_on_board.py": BOARD_RUNNER, **st.files},
+                            json.loads(json.dumps(manifest, default=list)))
 
 
 STAGES = [("target", stage_target), ("load", stage_load), ("export", stage_export), ("simplify", stage_simplify),
           ("legalize", stage_legalize), ("import", stage_import), ("tuning", stage_tuning), ("build", stage_build), ("reference", stage_reference),
-          ("finalize", stage_finalize)]
+          ("vendor", stage_vendor), ("finalize", stage_finalize)]
 
 
 def compile_graph(source: str, *, target: str = "llvm", out: str | Path | None = None,
@@ -290,8 +320,8 @@ def _run_stages(st: CompileState, stages) -> None:
         st.log(f"[{name}] ...")
         try:
             stage(st)
-        except (ValueError, FileNotFoundError):
-            raise  # already says which input is wrong and what was expected
+        except (ValueError, FileNotFoundError, VendorError):
+            raise  # already says which input (or vendor stage) failed and what was expected
         except Exception as err:
             first = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
             raise CompileError(f"{name} stage failed for {source}: {first}"
