@@ -239,8 +239,9 @@ def stage_bundle(st: CompileState, dest: Path) -> Bundle:
     import tvm
     from .backends import get_backend
     with tempfile.TemporaryDirectory() as tmp:
-        so = Path(tmp) / "model.so"
-        get_backend(st.target.backend).export_library(st.executable, so, target_options=st.target_options)
+        so = st.files.get("model.so") or Path(tmp) / "model.so"  # a backend may have exported it already
+        if not isinstance(so, bytes):
+            get_backend(st.target.backend).export_library(st.executable, so, target_options=st.target_options)
         buf = io.BytesIO()
         np.savez(buf, **st.reference)
         manifest = {
@@ -261,8 +262,8 @@ def stage_bundle(st: CompileState, dest: Path) -> Bundle:
             "timings_s": {k: round(v, 3) for k, v in st.timings.items()},
             **st.target_report,
         }
-        return write_bundle(dest, {"model.so": so, "model.onnx": st.model.SerializeToString(),
-                                   "reference.npz": buf.getvalue(), "run_on_board.py": BOARD_RUNNER, **st.files},
+        return write_bundle(dest, {**st.files, "model.so": so, "model.onnx": st.model.SerializeToString(),
+                                   "reference.npz": buf.getvalue(), "run_on_board.py": BOARD_RUNNER},
                             json.loads(json.dumps(manifest, default=list)))
 
 
