@@ -302,11 +302,12 @@ def compile_graph(source: str, *, target: str = "llvm", out: str | Path | None =
 
 
 def prepare(source: str, *, target: str = "llvm", target_options: dict | None = None,
-            log: Callable[[str], None] = print) -> CompileState:
-    """The stages up to the Relax import, for tools that build differently (tuning)."""
+            shapes: dict[str, list[int]] | None = None, log: Callable[[str], None] = print) -> CompileState:
+    """The stages up to the Relax import, for tools that build differently (tuning, the
+    RKNN table script)."""
     spec = load_target(target)
     spec.require_available()
-    st = CompileState(source=str(source), target=spec, intermediates=None, shapes={},
+    st = CompileState(source=str(source), target=spec, intermediates=None, shapes=shapes or {},
                       target_options=target_options or {}, log=log)
     last = [name for name, _ in STAGES].index("import")
     _run_stages(st, STAGES[: last + 1])

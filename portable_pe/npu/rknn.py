@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import tempfile
 import time
@@ -130,10 +131,11 @@ def _outputs(work: Path, model: onnx.ModelProto, names: list[str]) -> list[dict[
 
 
 def build(model: onnx.ModelProto, *, soc: str, dtype: str, calibration: list[dict[str, np.ndarray]],
-          simulate: list[dict[str, np.ndarray]] = (), python: Path | None = None,
+          simulate: list[dict[str, np.ndarray]] = (), config: dict | None = None, python: Path | None = None,
           log: Callable[[str], None] = print) -> VendorBuild:
     """Build `model` (already vendor_graph()) with RKNN-Toolkit2 for `soc` as int8 (RKNN
     quantizes on `calibration`) or fp16, then run the simulator on each `simulate` input set.
+    `config` adds RKNN.config() keywords (e.g. {"optimization_level": 2}).
     Raises VendorError naming the stage (build, export, simulator) and the vendor's words."""
     if soc not in SOCS:
         raise ValueError(f"--soc {soc!r} is not an RKNPU2 SoC; valid: {', '.join(SOCS)}")
@@ -152,7 +154,7 @@ def build(model: onnx.ModelProto, *, soc: str, dtype: str, calibration: list[dic
         for path, name in zip(sets[-1], names):
             _write(work, {path: _npy(inputs[name])})
     request = {"model": "model.onnx", "soc": soc, "dtype": dtype, "rknn": "model.rknn",
-               "dataset": "dataset.txt" if dtype == "int8" else None, "simulate": sets}
+               "dataset": "dataset.txt" if dtype == "int8" else None, "simulate": sets, "config": config or {}}
     t = time.perf_counter()
     try:
         result = run_worker(TOOLCHAIN, WORKER, request, work_dir=work, python=python, stage=TOOLCHAIN)
@@ -188,7 +190,7 @@ def _stage_error(err: VendorError, work: Path, *, soc: str, dtype: str) -> str:
     except (OSError, ValueError, KeyError):
         step = "start"
     step = {"simulator": "simulator", "import": "toolkit import"}.get(step, step)
-    text = str(err).removeprefix(f"{TOOLCHAIN}: ")
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(err)).removeprefix(f"{TOOLCHAIN}: ")
     log = work / "worker.log"
     said = vendor_messages(log.read_text(errors="replace"), levels="E") if log.is_file() else []
     words = "".join(f"\n  RKNN said: {line}" for line in said[-3:])
