@@ -62,6 +62,7 @@ class CompileState:
     exporter: str = DEFAULT_EXPORTER  # torch -> ONNX exporter for specs (export.EXPORTERS)
     tuning: dict = field(default_factory=dict)  # database, digest, specialized entries
     files: dict[str, bytes] = field(default_factory=dict)  # extra bundle files backends made (e.g. rknn/)
+    reference_model: onnx.ModelProto | None = None  # foreign ONNX: reference graph if not st.model
 
     def dump(self, filename: str, content: str | bytes) -> None:
         if self.intermediates is not None:
@@ -137,6 +138,7 @@ def _record(st: CompileState, made) -> None:
     if isinstance(made, Legalized):
         st.model = made.model
         st.io = made.io or st.io
+        st.reference_model = made.reference_model
         if made.tolerance is not None:
             st.target = replace(st.target, tolerance=made.tolerance)
     if isinstance(made, dict):
@@ -208,7 +210,7 @@ def stage_reference(st: CompileState) -> None:
         run = torch_reference(st.spec.to_dict())
     else:
         with tempfile.NamedTemporaryFile(suffix=".onnx") as f:
-            onnx.save(st.model, f.name)
+            onnx.save(st.reference_model or st.model, f.name)
             run = onnxruntime_runner(f.name, [o["name"] for o in st.io["outputs"]])
     for n in lengths:
         inputs = make_inputs(st.io["inputs"], length=n, dim_roles=dim_roles(st.io))
@@ -252,6 +254,7 @@ def stage_bundle(st: CompileState, dest: Path) -> Bundle:
                        "tvm": target_json(st.tvm_target), "host_arch": _target_arch(st.tvm_target)},
             **st.io,
             "reference": {"source": "torch" if st.spec else "onnxruntime",
+                          **({"model": "reference.onnx"} if st.reference_model is not None else {}),
                           "lengths": sorted({int(k.split('/')[0][1:]) for k in st.reference})},
             # resolved per output dtype, so the bundle's runner can check itself without us
             "tolerance": {o["dtype"]: tolerance_for(o["dtype"], st.target.tolerance) for o in st.io["outputs"]},
@@ -262,14 +265,18 @@ def stage_bundle(st: CompileState, dest: Path) -> Bundle:
             "timings_s": {k: round(v, 3) for k, v in st.timings.items()},
             **st.target_report,
         }
-        return write_bundle(dest, {**st.files, "model.so": so, "model.onnx": st.model.SerializeToString(),
+        extra = {**st.files, **({"reference.onnx": st.reference_model.SerializeToString()}
+                                if st.reference_model is not None else {})}
+        return write_bundle(dest, {**extra, "model.so": so, "model.onnx": st.model.SerializeToString(),
                                    "reference.npz": buf.getvalue(), "run_on_board.py": BOARD_RUNNER},
                             json.loads(json.dumps(manifest, default=list)))
 
 
+# the vendor stage (a vendor NPU compiler, when the target has one) comes before TVM's
+# build, so a vendor failure is reported before minutes of host compilation
 STAGES = [("target", stage_target), ("load", stage_load), ("export", stage_export), ("simplify", stage_simplify),
-          ("legalize", stage_legalize), ("import", stage_import), ("tuning", stage_tuning), ("build", stage_build), ("reference", stage_reference),
-          ("vendor", stage_vendor), ("finalize", stage_finalize)]
+          ("legalize", stage_legalize), ("import", stage_import), ("tuning", stage_tuning), ("reference", stage_reference),
+          ("vendor", stage_vendor), ("build", stage_build), ("finalize", stage_finalize)]
 
 
 def compile_graph(source: str, *, target: str = "llvm", out: str | Path | None = None,

@@ -30,6 +30,8 @@ class Legalized:
     tolerance: dict | None = None      # per-dtype tolerance overrides for parity
     report: dict = field(default_factory=dict)            # manifest sections
     files: dict[str, bytes] = field(default_factory=dict)  # extra bundle files, by bundle path
+    reference_model: object = None     # foreign ONNX: the float graph the reference runs (not a
+                                       # quantized model.onnx), shipped as reference.onnx
 
 
 @dataclass

@@ -93,6 +93,9 @@ def legalize_onnx(model, state) -> Legalized:
     state.log(f"  npu: profile check: {cov['nodes_npu']}/{cov['nodes_total']} nodes, "
               f"{cov['macs_npu'] / 1e6:.1f}/{cov['macs_total'] / 1e6:.1f} MMACs on the NPU")
     io = describe_io(host_graph, None)  # static (1, N): the reference runs at N only
+    if io.get("static_length") != seq_len:
+        raise ValueError(f"--seq-len {seq_len}, but the graph's input is fixed to length {io.get('static_length')} "
+                         f"(by --shape or by the graph itself); pass --seq-len {io.get('static_length')}")
     files, vendor_opset, graphs = {}, None, {"onnxruntime_fp32_rewritten": rewritten}
     if dtype == "int8":
         graphs["onnxruntime_int8"] = host_graph
@@ -112,7 +115,8 @@ def legalize_onnx(model, state) -> Legalized:
               "disallowed_before_rewrite": len(before), "disallowed_after_rewrite": len(after),
               "coverage": {"source": f"profile {profile.name}", **cov}, "accuracy": accuracy,
               "size_bytes": {"fp32": len(rewritten.SerializeToString()), dtype: len(host_graph.SerializeToString())}}
-    return Legalized(model=host_graph, io=io, tolerance=tolerance, report={"npu": report}, files=files)
+    return Legalized(model=host_graph, io=io, tolerance=tolerance, report={"npu": report}, files=files,
+                     reference_model=folded if state.spec is None else None)
 
 
 def _onnxruntime_accuracy(state, io, seq_len, graphs: dict) -> dict:
