@@ -79,7 +79,8 @@ def fold_positions(model: onnx.ModelProto, *, seq_len: int, batch: int = 1) -> t
 
 def _constants_to_initializers(model: onnx.ModelProto) -> None:
     """Constant nodes (onnxsim keeps some the TorchScript exporter wrote) become initializers:
-    the same values, and NPU compilers and op lists count only real ops."""
+    the same values, and NPU compilers and op lists count only real ops. Initializers no
+    node reads are dropped."""
     keep = []
     for n in model.graph.node:
         if n.op_type == "Constant" and len(n.attribute) == 1 and n.attribute[0].name == "value":
@@ -91,3 +92,7 @@ def _constants_to_initializers(model: onnx.ModelProto) -> None:
             keep.append(n)
     del model.graph.node[:]
     model.graph.node.extend(keep)
+    used = {t for n in keep for t in n.input} | {o.name for o in model.graph.output}
+    dead = [i for i in model.graph.initializer if i.name not in used]
+    for init in dead:  # onnxruntime warns about each, and vendors would store them
+        model.graph.initializer.remove(init)
