@@ -198,8 +198,8 @@ def test_profile_agrees_with_rknn_op_by_op():
     result = agreement(check_model(model, profile), placed)
     assert result["agree"], "\n".join(result["disagreements"])
     cpu = set(result["vendor_cpu_nodes"])
-    assert {"p_Erf", "p_Exp", "p_Sin", "p_Reciprocal"} <= cpu  # the probe reaches the CPU side too
-    assert {"p_LayerNormalization", "p_Softmax", "p_Sigmoid", "p_Slice_step2"}.isdisjoint(cpu)
+    assert {"p_Erf", "p_Exp", "p_Sin", "p_Reciprocal", "p_Slice_step2"} <= cpu  # the probe reaches the CPU too
+    assert {"p_LayerNormalization", "p_Softmax", "p_Sigmoid", "p_Concat5"}.isdisjoint(cpu)
     wrong = replace(profile, ops={**{k: v for k, v in profile.ops.items() if k != "Softmax"}, "Erf": {}})
     bad = agreement(check_model(model, wrong), placed)["disagreements"]
     assert any("allows p_Erf" in d for d in bad) and any("refuses p_Softmax" in d for d in bad)
@@ -265,3 +265,56 @@ def test_required_vendor_build_without_toolchain_fails_and_keeps_the_old_bundle(
     assert "rknn build: the rknn toolchain is not installed" in err and "npu_toolchain.sh rknn" in err
     kept = load_bundle(out)
     assert kept.manifest["graph"]["name"] == "previous" and kept.file("model.onnx").read_bytes() == b"previous"
+
+
+# --- the full matrix (-m rknn_full) -------------------------------------------------------
+
+def _table():
+    import importlib.util
+    path = Path(__file__).resolve().parent.parent / "scripts" / "npu_rknn_table.py"
+    spec = importlib.util.spec_from_file_location("npu_rknn_table", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _check_cell(row, *, zero_cpu=True):
+    assert "cosine" in row, row
+    assert row["disagreements"] == [], row["disagreements"]
+    if zero_cpu:
+        assert row["cpu_ops"] == 0, row["cpu"]
+    assert row["cosine"] >= _table().GOAL_COSINE[row["dtype"]], row
+
+
+def _graphs():
+    from portable_pe.graphs import GRAPHS
+    return list(GRAPHS)
+
+
+@needs_rknn
+@pytest.mark.rknn_full
+@pytest.mark.parametrize("dtype", ["int8", "fp16"])
+@pytest.mark.parametrize("seq_len", [64, 128, 512])
+@pytest.mark.parametrize("graph", _graphs())
+def test_every_shipped_graph_through_rknn(graph, seq_len, dtype):
+    _check_cell(_table().cell(graph, seq_len=seq_len, dtype=dtype, soc="rk3588"))
+
+
+@needs_rknn
+@pytest.mark.rknn_full
+@pytest.mark.parametrize("dtype", ["int8", "fp16"])
+@pytest.mark.parametrize("name", ["hf_bert", "hf_roformer"])
+def test_hugging_face_encoders_through_rknn(tmp_path_factory, name, dtype):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    from hf_encoders import export_encoders
+    path, shapes = export_encoders(tmp_path_factory.mktemp("hf"), size="small", seq_len=128)[name]
+    _check_cell(_table().cell(str(path), seq_len=128, dtype=dtype, soc="rk3588", shapes=shapes))
+
+
+@needs_rknn
+@pytest.mark.rknn_full
+@pytest.mark.parametrize("soc", ["rk3576", "rk3568"])
+def test_other_socs_agree_with_their_profile(soc):
+    """rk3568's compiler runs Softmax on the CPU: the profile says so, and RKNN agrees."""
+    row = _table().cell("rope", seq_len=64, dtype="int8", soc=soc)
+    _check_cell(row, zero_cpu=soc != "rk3568")
