@@ -176,6 +176,11 @@ def cmd_inspect(args) -> int:
     print(f"  simplify: {m['simplify'].get('nodes_before')} -> {m['simplify'].get('nodes_after')} nodes")
     print(f"  reference: {m['reference']['source']} at T={m['reference']['lengths']}")
     print(f"  versions: {m['versions']}")
+    if m.get("vendor"):
+        v = m["vendor"]
+        print(f"  vendor: {v.get('toolkit', v['name'])} " + (
+            f"{v['soc']} {v['dtype']}: {v['placement']['ops_npu']} op(s) on the NPU, {v['placement']['ops_cpu']} on the CPU"
+            if v.get("built") else f"no build ({v.get('why')})"))
     print("  files: " + ", ".join(f"{n} (sha256 {h[:12]})" for n, h in m["files"].items()) + " [verified]")
     return 0
 

@@ -6,7 +6,9 @@ the host CPU (llvm, or arm with --host arm).
 legalize_onnx does the NPU work; it fails with a per-node report when the profile still
 refuses nodes after rewriting. A profile with a `vendor` (rknpu2 -> RKNN-Toolkit2) also
 hands the vendor's compiler the float graph in vendor_build: placement and accuracy then
-come from the vendor's build log and simulator (npu/vendors.py).
+come from the vendor's build log and simulator (npu/vendors.py). A vendor runs what its
+NPU lacks on the CPU, so there a refused node is not an error but the profile's
+prediction, which the vendor's placement is checked against.
 
 Like every backend, this one reads the CompileState and returns what it made (Legalized,
 Staged); the stages in compile.py record it.
@@ -83,11 +85,14 @@ def legalize_onnx(model, state) -> Legalized:
     after = [v for v in check_model(rewritten, profile) if not v.allowed]
     state.log(f"  npu: profile {profile.name}{' (' + soc + ')' if soc else ''}: {len(before)} disallowed node(s) "
               f"before rewriting, {len(after)} after ({rewrite_report['rewritten']})")
-    if after:
+    if after and not profile.vendor:
         raise ValueError(format_blockers(check_model(rewritten, profile), profile))
+    if after:  # a vendor compiler places what its NPU lacks on the CPU: a prediction, checked later
+        state.log(f"  npu: {len(after)} node(s) the profile expects on the CPU: "
+                  + ", ".join(f"{v.node} [{v.op}]" for v in after[:8]) + (" ..." if len(after) > 8 else ""))
     host_graph = quantize_int8(rewritten, profile) if dtype == "int8" else rewritten
     verdicts = check_model(host_graph, profile, quantized=dtype == "int8")
-    if any(not v.allowed for v in verdicts):
+    if any(not v.allowed for v in verdicts) and not profile.vendor:
         raise ValueError(f"after {dtype} quantization: " + format_blockers(verdicts, profile))
     cov = coverage(verdicts)
     state.log(f"  npu: profile check: {cov['nodes_npu']}/{cov['nodes_total']} nodes, "
@@ -113,6 +118,7 @@ def legalize_onnx(model, state) -> Legalized:
               "soc": soc, "vendor": profile.vendor, "vendor_opset": vendor_opset,
               "fold": fold_report, "rewrite": rewrite_report,
               "disallowed_before_rewrite": len(before), "disallowed_after_rewrite": len(after),
+              "expected_on_cpu": [f"{v.node} [{v.op}]: {'; '.join(v.why)}" for v in after],
               "coverage": {"source": f"profile {profile.name}", **cov}, "accuracy": accuracy,
               "size_bytes": {"fp32": len(rewritten.SerializeToString()), dtype: len(host_graph.SerializeToString())}}
     return Legalized(model=host_graph, io=io, tolerance=tolerance, report={"npu": report}, files=files,
