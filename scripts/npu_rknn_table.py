@@ -43,7 +43,8 @@ def cell(source: str, *, seq_len: int, dtype: str, soc: str, shapes: dict | None
     placed = vendor["placement"]
     return {"graph": st.name, "T": seq_len, "dtype": dtype, "soc": soc, "input": "float + calibration",
             "npu_ops": placed["ops_npu"], "cpu_ops": placed["ops_cpu"],
-            "cpu": [f"{o['op']} {o['name']} {o['input_shape']}: {o['why'][0]}" for o in placed["cpu_ops"]],
+            "cpu": [f"{o['op']} {o['name']} {o['input_shape']} ({o['rw_kb']:g} KB through CPU memory): {o['why'][0]}"
+                    for o in placed["cpu_ops"]], "npu_cycles": placed["npu_cycles"],
             "cosine": sim["cosine"], "max_abs": sim["max_abs"], "rknn_bytes": vendor["rknn_bytes"],
             "build_s": vendor["timings_s"]["build_s"], "cell_s": round(time.perf_counter() - t, 1),
             "disagreements": vendor["agreement"]["disagreements"],

@@ -7,9 +7,11 @@ MatMul+Softmax+MatMul exSDPAttention, linears Conv):
     D RKNN: [..] ID   OpType  DataType Target InputShape  OutputShape  Cycles(DDR/NPU/Total)  RW(KB)  FullName
     D RKNN: [..] 35   Erf     FLOAT16  CPU    (1,1024,1,128)  (1,1024,1,128)  0/0/0  256  Erf:npu_n_erf_1
 
-The table says NPU or CPU but not why; the why comes from the warnings and errors the
-toolkit printed that name the op, or, when it printed none, from the fact that RKNN has
-no NPU kernel for that op type on this SoC.
+The table says NPU or CPU but not why; the why is the warnings and errors the toolkit
+printed that name the op, and otherwise the table's own row (RKNN 2.5 prints nothing more
+for an op it has no NPU kernel for). Its Cycles and RW(KB) columns are the compiler's
+estimate of each op's NPU cycles and memory traffic: a CPU op's RW is what crosses between
+NPU and CPU memory for it.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ class LayerRow:
     input_shape: str
     output_shape: str
     name: str  # "OpType:onnx node or tensor name"
+    cycles: int  # the compiler's total cycle estimate (0 for CPU ops)
+    rw_kb: float
+    row: str  # the table's line as RKNN printed it
 
     @property
     def onnx_name(self) -> str:
@@ -54,9 +59,18 @@ def layer_table(text: str) -> list[LayerRow]:
             continue
         m = _ROW.match(line) if started else None
         if m:
-            i, op, dtype, target, ins, outs, _cycles, _rw, name = m.groups()
-            rows.append(LayerRow(int(i), op, dtype, target, ins, outs, name))
+            i, op, dtype, target, ins, outs, cycles, rw, name = m.groups()
+            total = cycles.split("/")[-1]
+            rows.append(LayerRow(int(i), op, dtype, target, ins, outs, name, int(total) if total.isdigit() else 0,
+                                 _number(rw), line.split("] ", 1)[-1].strip()))
     return rows
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return 0.0
 
 
 def vendor_messages(text: str, *, levels: str = "WE") -> list[str]:
@@ -82,11 +96,12 @@ def placement(text: str) -> dict:
             continue
         said = [m for m in messages if r.onnx_name in m or f" {r.op} " in m]
         on_cpu.append({"id": r.id, "op": r.op, "name": r.onnx_name, "dtype": r.dtype, "target": r.target,
-                       "input_shape": r.input_shape, "output_shape": r.output_shape,
-                       "why": said or [f"RKNN printed no reason; its layer table puts {r.op} on the {r.target} "
-                                       f"(no NPU kernel for {r.op} in this toolkit for this SoC)"]})
+                       "input_shape": r.input_shape, "output_shape": r.output_shape, "rw_kb": r.rw_kb,
+                       "why": said or [f"RKNN's layer table: {' '.join(r.row.split()[:5])} ... "
+                                       f"(RKNN printed no warning or error for it)"]})
     return {"ops_total": len(compute), "ops_npu": sum(r.target == "NPU" for r in compute),
             "ops_cpu": len(on_cpu), "io_ops": len(rows) - len(compute),
+            "npu_cycles": sum(r.cycles for r in compute), "cpu_rw_kb": sum(o["rw_kb"] for o in on_cpu),
             "npu_ops": dict(Counter(r.op for r in compute if r.target == "NPU")),
             "cpu_ops": on_cpu}
 

@@ -3,7 +3,9 @@ module that drives that vendor's toolchain. Adding a vendor is one line here and
 with the same names:
 
     TOOLCHAIN               the name `bash scripts/npu_toolchain.sh NAME` sets up
-    DTYPES, SOCS            what --npu-dtype and --soc accept (SOCS[0] is the default)
+    PREFIX                  the bundle folder for the vendor's files (e.g. "rknn/")
+    SOCS, DTYPES            the chips and --npu-dtype values the module can build for (the
+                            profile's `socs` list is what --soc offers)
     vendor_graph(model)     the ONNX the vendor is handed (e.g. opset lowered)
     build(model, *, soc, dtype, calibration, simulate, log) -> VendorBuild
                             build, placement from the vendor's log, simulator outputs
