@@ -1,6 +1,6 @@
 """The compile pipeline, read top to bottom like DESIGN.md's diagram.
 
-    load -> export -> simplify -> import -> build -> reference -> bundle
+    load -> export -> simplify -> legalize -> import -> reference -> vendor -> build -> bundle
 
 Each stage is one function on a shared CompileState; with keep_intermediates each stage
 dumps what it produced, so a user can see where a number went wrong.
