@@ -69,6 +69,7 @@ def write_bundle(dest: Path, files: dict[str, Path | bytes], manifest: dict, *,
         tmp.mkdir()
         try:
             for name, content in files.items():
+                (tmp / name).parent.mkdir(parents=True, exist_ok=True)  # e.g. rknn/model.rknn
                 if isinstance(content, bytes):
                     (tmp / name).write_bytes(content)
                 else:

@@ -94,11 +94,13 @@ def cmd_compile(args) -> int:
         from .graphs import read_spec
         read_spec(args.graph)
     from .compile import compile_graph
+    from .npu.simulator import vendor_runners
     from .parity import DEFAULT_LENGTHS, check_bundle, usable_lengths
     print(f"compiling {args.graph} for target {args.target}"
           f"{' -> ' + str(args.out) if args.out is not None else ''}", flush=True)
     options = {k: v for k, v in (("board", args.board), ("arch", args.arch), ("profile", args.profile),
-                                 ("seq_len", args.seq_len), ("host", args.host)) if v is not None}
+                                 ("seq_len", args.seq_len), ("host", args.host), ("npu_dtype", args.npu_dtype),
+                                 ("soc", args.soc), ("vendor_build", args.vendor_build)) if v is not None}
     bundle = compile_graph(args.graph, target=args.target, out=args.out,
                            keep_intermediates=args.keep_intermediates, shapes=dict(args.shape or []),
                            target_options=options, pe_tables=args.pe_tables, tuning=not args.no_tuning,
@@ -108,8 +110,9 @@ def cmd_compile(args) -> int:
     if skipped:
         print(f"note: --lengths {','.join(map(str, skipped))} skipped: outside what the bundle accepts", flush=True)
     runner, why = _local_runner(bundle)
+    vendor = vendor_runners(bundle, simulated=True)  # the simulator ran in the vendor stage
     report = check_bundle(bundle, lengths=lengths, tvm_runner=runner,
-                          candidates=("onnxruntime", "tvm") if runner else ("onnxruntime",))
+                          candidates=("onnxruntime", "tvm") if runner else ("onnxruntime",), extra_runners=vendor)
     report.unverified = why
     return _print_report(report, args.json)
 
@@ -158,12 +161,15 @@ def cmd_tune(args) -> int:
 
 def cmd_parity(args) -> int:
     from .artifact import load_bundle
+    from .npu.simulator import vendor_runners
     from .parity import DEFAULT_LENGTHS, check_bundle
     from .parity import check_request
     _json_path(args)
     bundle = load_bundle(args.bundle)
     check_request(bundle.manifest, lengths=args.lengths or (), batch=args.batch)
-    return _print_report(check_bundle(bundle, lengths=args.lengths or DEFAULT_LENGTHS, batch=args.batch), args.json)
+    return _print_report(check_bundle(bundle, lengths=args.lengths or DEFAULT_LENGTHS, batch=args.batch,
+                                      extra_runners=vendor_runners(bundle, log=lambda m: print(m, flush=True))),
+                         args.json)
 
 
 def cmd_run(args) -> int:
@@ -228,6 +234,11 @@ def cmd_inspect(args) -> int:
     print(f"  simplify: {m['simplify'].get('nodes_before')} -> {m['simplify'].get('nodes_after')} nodes")
     print(f"  reference: {m['reference']['source']} at T={m['reference']['lengths']}")
     print(f"  versions: {m['versions']}")
+    if m.get("vendor"):
+        v = m["vendor"]
+        print(f"  vendor: {v.get('toolkit', v['name'])} " + (
+            f"{v['soc']} {v['dtype']}: {v['placement']['ops_npu']} op(s) on the NPU, {v['placement']['ops_cpu']} on the CPU"
+            if v.get("built") else f"no build ({v.get('why')})"))
     print("  files: " + ", ".join(f"{n} (sha256 {h[:12]})" for n, h in m["files"].items()) + " [verified]")
     return 0
 
@@ -315,6 +326,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=_int_in(1, MAX_SIZE), metavar="N",
                    help="--target npu: the static sequence length (default 128)")
     p.add_argument("--host", choices=["llvm", "arm"], help="--target npu: host CPU for the TVM build (default llvm)")
+    p.add_argument("--npu-dtype", choices=_option_choices("npu_dtype"), help="--target npu: int8 (default) or fp16")
+    p.add_argument("--soc", metavar="CHIP", help="--target npu: the chip the profile's vendor compiler builds for "
+                                                 "(rknpu2: rk3588 (default), rk3576, rk3568)")
+    p.add_argument("--vendor-build", choices=_option_choices("vendor_build"),
+                   help="--target npu: run the profile's vendor compiler (rknpu2: RKNN-Toolkit2): auto (default: "
+                        "when its toolchain is installed), require, skip")
     p.add_argument("--pe-tables", choices=["int8"], help="store position tables as int8 rows with per-row scales")
     p.add_argument("--no-tuning", action="store_true", help="ignore the graph's tuning database (targets/tuning/)")
     p.add_argument("--exporter", choices=EXPORTER_CHOICES, default=EXPORTER_CHOICES[0],

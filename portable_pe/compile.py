@@ -1,6 +1,6 @@
 """The compile pipeline, read top to bottom like DESIGN.md's diagram.
 
-    load -> export -> simplify -> import -> build -> reference -> bundle
+    load -> export -> simplify -> legalize -> import -> reference -> vendor -> build -> bundle
 
 Each stage is one function on a shared CompileState; with keep_intermediates each stage
 dumps what it produced, so a user can see where a number went wrong.
@@ -31,6 +31,7 @@ from .out_paths import bundle_destination
 from .spec_schema import NAME
 from .user_files import load_onnx_file
 from .io_names import describe_io, dim_roles
+from .npu.vendor import VendorError
 from .parity import DEFAULT_LENGTHS, TOLERANCES, make_inputs, tolerance_for, onnxruntime_runner, torch_reference, usable_lengths
 from .targets import TargetSpec, load_target
 
@@ -66,6 +67,8 @@ class CompileState:
     use_tuning: bool = True  # apply targets/tuning/<target>/<graph> when it exists
     exporter: str = DEFAULT_EXPORTER  # torch -> ONNX exporter for specs (export.EXPORTERS)
     tuning: dict = field(default_factory=dict)  # database, digest, specialized entries
+    files: dict[str, bytes] = field(default_factory=dict)  # extra bundle files backends made (e.g. rknn/)
+    reference_model: onnx.ModelProto | None = None  # foreign ONNX: reference graph if not st.model
 
     def dump(self, filename: str, content: str | bytes) -> None:
         if self.intermediates is not None:
@@ -123,8 +126,27 @@ def stage_legalize(st: CompileState) -> None:
     if st.spec is None:  # foreign graphs: make shape arithmetic something TVM's importer follows
         from .legalize import legalize
         st.model = legalize(st.model)
-    st.model = get_backend(st.target.backend).legalize_onnx(st.model, st)
+    _record(st, get_backend(st.target.backend).legalize_onnx(st.model, st))
     st.dump("03-legalized.onnx", st.model.SerializeToString())
+
+
+def _record(st: CompileState, made) -> None:
+    """What a backend handed back (backends.Legalized / Staged / a model / a report dict):
+    the stage list, not the backend, writes it into the state."""
+    from .backends import Legalized
+    if isinstance(made, onnx.ModelProto):
+        made = Legalized(model=made)
+    if isinstance(made, Legalized):
+        st.model = made.model
+        st.io = made.io or st.io
+        st.reference_model = made.reference_model
+        if made.tolerance is not None:
+            st.target = replace(st.target, tolerance=made.tolerance)
+    if isinstance(made, dict):
+        st.target_report.update(made)
+    elif made is not None:
+        st.target_report.update(made.report)
+        st.files.update(made.files)
 
 
 def stage_import(st: CompileState) -> None:
@@ -190,7 +212,7 @@ def stage_reference(st: CompileState) -> None:
         run = torch_reference(st.spec.to_dict())
     else:
         with tempfile.NamedTemporaryFile(suffix=".onnx") as f:
-            onnx.save(st.model, f.name)
+            onnx.save(st.reference_model or st.model, f.name)
             run = onnxruntime_runner(f.name, [o["name"] for o in st.io["outputs"]])
     for n in lengths:
         inputs = make_inputs(st.io["inputs"], length=n, dim_roles=dim_roles(st.io))
@@ -199,12 +221,21 @@ def stage_reference(st: CompileState) -> None:
             st.reference[f"T{n}/{k}"] = v
 
 
+def stage_vendor(st: CompileState) -> None:
+    """A vendor compiler's build of the legalized graph, where the target has one (npu:
+    RKNN-Toolkit2 for the rknpu2 profile), with its placement and simulator run."""
+    from .backends import get_backend
+    vendor_build = getattr(get_backend(st.target.backend), "vendor_build", None)
+    if vendor_build is not None:
+        _record(st, vendor_build(st))
+
+
 def stage_finalize(st: CompileState) -> None:
     """Backend checks that need the build and the reference (e.g. the NPU's TVM accuracy)."""
     from .backends import get_backend
     finalize = getattr(get_backend(st.target.backend), "finalize", None)
     if finalize is not None:
-        st.target_report.update(finalize(st))
+        _record(st, finalize(st))
 
 
 def stage_bundle(st: CompileState, dest: Path, *, replace_any: bool = False) -> Bundle:
@@ -212,8 +243,9 @@ def stage_bundle(st: CompileState, dest: Path, *, replace_any: bool = False) -> 
     import tvm
     from .backends import get_backend
     with tempfile.TemporaryDirectory() as tmp:
-        so = Path(tmp) / "model.so"
-        get_backend(st.target.backend).export_library(st.executable, so)
+        so = st.files.get("model.so") or Path(tmp) / "model.so"  # a backend may have exported it already
+        if not isinstance(so, bytes):
+            get_backend(st.target.backend).export_library(st.executable, so, target_options=st.target_options)
         buf = io.BytesIO()
         np.savez(buf, **st.reference)
         manifest = {
@@ -224,6 +256,7 @@ def stage_bundle(st: CompileState, dest: Path, *, replace_any: bool = False) -> 
                        "tvm": target_json(st.tvm_target), "host_arch": _target_arch(st.tvm_target)},
             **st.io,
             "reference": {"source": "torch" if st.spec else "onnxruntime",
+                          **({"model": "reference.onnx"} if st.reference_model is not None else {}),
                           "lengths": sorted({int(k.split('/')[0][1:]) for k in st.reference})},
             # resolved per output dtype, so the bundle's runner can check itself without us
             "tolerance": {o["dtype"]: tolerance_for(o["dtype"], st.target.tolerance) for o in st.io["outputs"]},
@@ -234,14 +267,18 @@ def stage_bundle(st: CompileState, dest: Path, *, replace_any: bool = False) -> 
             "timings_s": {k: round(v, 3) for k, v in st.timings.items()},
             **st.target_report,
         }
-        return write_bundle(dest, {"model.so": so, "model.onnx": st.model.SerializeToString(),
-                                   "reference.npz": buf.getvalue(), "run_on_board.py": BOARD_RUNNER}, json.loads(json.dumps(manifest, default=list)),
-                            replace_any=replace_any)
+        extra = {**st.files, **({"reference.onnx": st.reference_model.SerializeToString()}
+                                if st.reference_model is not None else {})}
+        return write_bundle(dest, {**extra, "model.so": so, "model.onnx": st.model.SerializeToString(),
+                                   "reference.npz": buf.getvalue(), "run_on_board.py": BOARD_RUNNER},
+                            json.loads(json.dumps(manifest, default=list)), replace_any=replace_any)
 
 
+# the vendor stage (a vendor NPU compiler, when the target has one) comes before TVM's
+# build, so a vendor failure is reported before minutes of host compilation
 STAGES = [("target", stage_target), ("load", stage_load), ("export", stage_export), ("simplify", stage_simplify),
-          ("legalize", stage_legalize), ("import", stage_import), ("tuning", stage_tuning), ("build", stage_build), ("reference", stage_reference),
-          ("finalize", stage_finalize)]
+          ("legalize", stage_legalize), ("import", stage_import), ("tuning", stage_tuning), ("reference", stage_reference),
+          ("vendor", stage_vendor), ("build", stage_build), ("finalize", stage_finalize)]
 
 
 def compile_graph(source: str, *, target: str = "llvm", out: str | Path | None = None,
@@ -277,11 +314,12 @@ def compile_graph(source: str, *, target: str = "llvm", out: str | Path | None =
 
 
 def prepare(source: str, *, target: str = "llvm", target_options: dict | None = None,
-            log: Callable[[str], None] = print) -> CompileState:
-    """The stages up to the Relax import, for tools that build differently (tuning)."""
+            shapes: dict[str, list[int]] | None = None, log: Callable[[str], None] = print) -> CompileState:
+    """The stages up to the Relax import, for tools that build differently (tuning, the
+    RKNN table script)."""
     spec = load_target(target)
     spec.require_available()
-    st = CompileState(source=str(source), target=spec, intermediates=None, shapes={},
+    st = CompileState(source=str(source), target=spec, intermediates=None, shapes=shapes or {},
                       target_options=target_options or {}, log=log)
     last = [name for name, _ in STAGES].index("import")
     _run_stages(st, STAGES[: last + 1])
@@ -298,8 +336,8 @@ def _run_stages(st: CompileState, stages) -> None:
             stage(st)
         except Exception as err:
             raise_if_interrupted(err)  # Ctrl-C inside TVM's C++ code arrives as a bare RuntimeError
-            if isinstance(err, (ValueError, FileNotFoundError)):
-                raise  # already says which input is wrong and what was expected
+            if isinstance(err, (ValueError, FileNotFoundError, VendorError)):
+                raise  # already says which input (or vendor stage) failed and what was expected
             first = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
             raise CompileError(f"{name} stage failed for {source}: {first}"
                                f"{' (input shapes fixed by --shape: ' + str(st.shapes) + ')' if st.shapes else ''}") from err

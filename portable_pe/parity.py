@@ -188,25 +188,27 @@ def onnxruntime_runner(onnx_path, output_names: list[str]):
 
 
 def check_bundle(bundle, *, lengths=DEFAULT_LENGTHS, batch: int = 1, seed: int = 0,
-                 tvm_runner=None, candidates=("onnxruntime", "tvm")) -> ParityReport:
+                 tvm_runner=None, candidates=("onnxruntime", "tvm"), extra_runners: dict | None = None) -> ParityReport:
     """Compare the bundle (and onnxruntime on its ONNX) with the reference at each length.
 
     `tvm_runner` runs the compiled module (default: load it here); deploy passes one
-    that runs on a board over RPC.
+    that runs on a board over RPC. `extra_runners` adds candidates by name (e.g. a vendor
+    NPU simulator, npu/simulator.py).
     """
     from .runtime import LocalRunner
     manifest = bundle.manifest
     outputs = [o["name"] for o in manifest["outputs"]]
     ref_source = manifest["reference"]["source"]
+    ref_model = manifest["reference"].get("model", "model.onnx")  # foreign npu bundles: the float graph
     if ref_source == "torch":
         reference = torch_reference(manifest["graph"]["spec"])
     else:
-        reference = onnxruntime_runner(bundle.file("model.onnx"), outputs)
+        reference = onnxruntime_runner(bundle.file(ref_model), outputs)
     runners = {"onnxruntime": lambda: onnxruntime_runner(bundle.file("model.onnx"), outputs),
                "tvm": lambda: tvm_runner or LocalRunner(bundle).run}
-    if ref_source == "onnxruntime":  # comparing onnxruntime with itself proves nothing
+    if ref_source == "onnxruntime" and ref_model == "model.onnx":  # onnxruntime vs itself proves nothing
         candidates = [c for c in candidates if c != "onnxruntime"]
-    active = {name: runners[name]() for name in candidates}
+    active = {**{name: runners[name]() for name in candidates}, **(extra_runners or {})}
     report = ParityReport(bundle.name, bundle.target, ref_source)
     roles = dim_roles(manifest)
     for length in usable_lengths(manifest, lengths):

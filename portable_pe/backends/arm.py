@@ -55,5 +55,5 @@ def legalize_onnx(model, state):
     return llvm.legalize_onnx(model, state)
 
 
-def export_library(executable, path) -> None:
+def export_library(executable, path, *, target_options: dict | None = None) -> None:
     executable.export_library(str(path), fcompile=tvm.support.cc.cross_compiler(cross_compiler()))

@@ -48,7 +48,7 @@ def legalize_onnx(model, state):
     return llvm.legalize_onnx(model, state)
 
 
-def export_library(executable, path) -> None:
+def export_library(executable, path, *, target_options: dict | None = None) -> None:
     executable.export_library(str(path))
 
 

@@ -37,5 +37,5 @@ def legalize_onnx(model, state):
     return model
 
 
-def export_library(executable, path) -> None:
+def export_library(executable, path, *, target_options: dict | None = None) -> None:
     executable.export_library(str(path))

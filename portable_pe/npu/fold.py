@@ -68,6 +68,7 @@ def fold_positions(model: onnx.ModelProto, *, seq_len: int, batch: int = 1) -> t
         "fuse_matmul_add_bias_into_gemm", "fuse_matmul_add_bias_into_gemm_batched"])
     if not ok:
         raise RuntimeError("onnxsim could not fold the fixed-shape graph")
+    _constants_to_initializers(simplified)
     after = Counter(n.op_type for n in simplified.graph.node)
     left = {op: after[op] for op in RUNTIME_POSITION_OPS if after.get(op)}
     report = {"seq_len": seq_len, "batch": batch, "folded_inputs": folded,
@@ -76,3 +77,24 @@ def fold_positions(model: onnx.ModelProto, *, seq_len: int, batch: int = 1) -> t
               "runtime_position_ops_left": left,
               "constant_bytes": sum(numpy_helper.to_array(i).nbytes for i in simplified.graph.initializer)}
     return simplified, report
+
+
+def _constants_to_initializers(model: onnx.ModelProto) -> None:
+    """Constant nodes (onnxsim keeps some the TorchScript exporter wrote) become initializers:
+    the same values, and NPU compilers and op lists count only real ops. Initializers no
+    node reads are dropped."""
+    keep = []
+    for n in model.graph.node:
+        if n.op_type == "Constant" and len(n.attribute) == 1 and n.attribute[0].name == "value":
+            tensor = onnx.TensorProto()
+            tensor.CopyFrom(n.attribute[0].t)
+            tensor.name = n.output[0]
+            model.graph.initializer.append(tensor)
+        else:
+            keep.append(n)
+    del model.graph.node[:]
+    model.graph.node.extend(keep)
+    used = {t for n in keep for t in n.input} | {o.name for o in model.graph.output}
+    dead = [i for i in model.graph.initializer if i.name not in used]
+    for init in dead:  # onnxruntime warns about each, and vendors would store them
+        model.graph.initializer.remove(init)

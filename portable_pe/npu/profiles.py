@@ -7,7 +7,7 @@ node, whether the NPU takes it and if not why; nodes it refuses run on the host.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -17,8 +17,9 @@ from ..registry import read_toml, toml_registry
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent.parent / "targets" / "npu"
 DEFAULT_PROFILE = "generic_int8"
-_KEYS = {"name", "description", "source", "max_rank", "seq_lens", "batch", "dtypes", "quantization", "ops"}
-_CONSTRAINTS = ("max_dim",)  # plus attr_<name>
+_KEYS = {"name", "description", "source", "max_rank", "seq_lens", "batch", "dtypes", "quantization", "ops",
+         "vendor", "socs", "soc_ops"}
+_CONSTRAINTS = ("max_dim", "const", "not_const")  # plus attr_<name>
 #: ops that only move or quantize data: no MACs, and their dtype follows their input
 _DATA_OPS = {"QuantizeLinear", "DequantizeLinear", "Reshape", "Transpose", "Concat", "Slice", "Split",
              "Gather", "Squeeze", "Unsqueeze"}
@@ -35,10 +36,39 @@ class Profile:
     dtypes: tuple[str, ...] = ("int8",)
     seq_lens: tuple[int, ...] = ()
     batch: int = 1
+    vendor: str | None = None  # npu/vendors.py VENDORS key: whose compiler builds for this NPU
+    socs: tuple[str, ...] = ()  # the chips that compiler targets; the first is the default
+    soc_ops: dict = field(default_factory=dict)  # soc -> {"add": [...], "remove": [...]} vs socs[0]
 
     def check_seq_len(self, n: int) -> None:
         if self.seq_lens and n not in self.seq_lens:
             raise ValueError(f"profile {self.name!r} accepts sequence lengths {list(self.seq_lens)}, got --seq-len {n}")
+
+    def resolve_soc(self, soc: str | None) -> str | None:
+        if not self.socs:
+            if soc:
+                raise ValueError(f"--soc {soc}: profile {self.name!r} has no vendor compiler that targets a SoC")
+            return None
+        if soc and soc not in self.socs:
+            raise ValueError(f"--soc {soc!r} is not a chip profile {self.name!r} builds for; valid: {', '.join(self.socs)}")
+        return soc or self.socs[0]
+
+    def for_soc(self, soc: str | None) -> "Profile":
+        """The profile as `soc`'s compiler places ops (ops listed for socs[0], adjusted)."""
+        change = self.soc_ops.get(soc or "", {})
+        if not change:
+            return self
+        ops = {op: c for op, c in self.ops.items() if op not in change.get("remove", ())}
+        ops.update({op: {} for op in change.get("add", ()) if op not in ops})
+        return replace(self, ops=ops)
+
+    def check_dtype(self, dtype: str) -> None:
+        """--npu-dtype: int8 always (QDQ); fp16 only where the NPU runs float16."""
+        runs = {"int8": "int8", "fp16": "float16"}
+        if dtype not in runs:
+            raise ValueError(f"--npu-dtype {dtype!r} is not one of {', '.join(runs)}")
+        if runs[dtype] not in self.dtypes:
+            raise ValueError(f"profile {self.name!r} runs {', '.join(self.dtypes)}, not {runs[dtype]} (--npu-dtype {dtype})")
 
 
 PROFILES: dict[str, Path] = toml_registry(PROFILES_DIR)
@@ -55,6 +85,13 @@ def load_profile(name_or_path: str | Path) -> Profile:
     unknown, missing = set(data) - _KEYS, {"name", "source", "max_rank", "ops", "quantization"} - set(data)
     if unknown or missing:
         raise ValueError(f"{path}: unknown keys {sorted(unknown)}, missing keys {sorted(missing)}")
+    if data.get("vendor") is not None:
+        from .vendors import VENDORS
+        if data["vendor"] not in VENDORS:
+            raise ValueError(f"{path}: vendor {data['vendor']!r} is not one of {', '.join(VENDORS)} (npu/vendors.py)")
+    unknown_socs = set(data.get("soc_ops", {})) - set(data.get("socs", ()))
+    if unknown_socs:
+        raise ValueError(f"{path}: [soc_ops] names {sorted(unknown_socs)}, not in socs {data.get('socs', [])}")
     if not str(data["source"]).strip():
         raise ValueError(f"{path}: `source` must cite the vendor op list the profile is written from")
     for op, cons in data["ops"].items():
@@ -65,7 +102,8 @@ def load_profile(name_or_path: str | Path) -> Profile:
     return Profile(name=data["name"], description=data.get("description", ""), source=data["source"],
                    max_rank=int(data["max_rank"]), ops=dict(data["ops"]), quantization=dict(data["quantization"]),
                    dtypes=tuple(data.get("dtypes", ("int8",))), seq_lens=tuple(data.get("seq_lens", ())),
-                   batch=int(data.get("batch", 1)))
+                   batch=int(data.get("batch", 1)), vendor=data.get("vendor"), socs=tuple(data.get("socs", ())),
+                   soc_ops=dict(data.get("soc_ops", {})))
 
 
 @dataclass
@@ -118,6 +156,14 @@ def check_node(node, profile: Profile, shapes, consts: dict, producers: dict, *,
                    for s in [shapes.get(t)] if s and max((d or 0) for d in s) > allowed]
             if big:
                 v.why.append(f"{big[0][0]} has a dim > {allowed} (shape {big[0][1]})")
+        elif key == "const":
+            moving = [i for i in allowed if i < len(node.input) and node.input[i] and node.input[i] not in consts]
+            if moving:
+                v.why.append(f"input {moving[0]} ({node.input[moving[0]]}) is not a constant (profile: const {allowed})")
+        elif key == "not_const":
+            fixed = [i for i in allowed if i < len(node.input) and node.input[i] in consts]
+            if fixed:
+                v.why.append(f"input {fixed[0]} ({node.input[fixed[0]]}) is a constant (profile: not_const {allowed})")
         elif key.startswith("attr_"):
             name = key[5:]
             value = _attr(node, name)

@@ -7,6 +7,7 @@ never sees the calibration data.
 
 from __future__ import annotations
 
+import logging
 import tempfile
 from pathlib import Path
 
@@ -14,6 +15,17 @@ import numpy as np
 import onnx
 
 _SKIP = {"QuantizeLinear", "DequantizeLinear", "Constant"}
+#: onnxruntime.quantization logs these on the root logger for every graph we hand it; they
+#: are advice (run its shape pre-processing: our graph is already simplified with static
+#: shapes) and notes (a 1-D LayerNorm weight falls back from per-channel to per-tensor),
+#: never failures, and only these exact messages are dropped
+_ORT_ADVICE = ("Please consider to run pre-processing before quantization",
+               "Please consider pre-processing before quantization", "Axis 1 is out-of-range for weight")
+
+
+class _DropAdvice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(_ORT_ADVICE)
 
 
 class SeededReader:
@@ -35,13 +47,22 @@ class SeededReader:
 
 
 def quantize_int8(model: onnx.ModelProto, profile) -> onnx.ModelProto:
-    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     scheme = profile.quantization
     if scheme.get("format", "QDQ") != "QDQ" or scheme.get("weights", "int8") != "int8" \
             or scheme.get("activations", "int8") != "int8":
         raise ValueError(f"profile {profile.name}: only QDQ with int8 weights and activations is implemented, "
                          f"got {scheme}")
     op_types = sorted({n.op_type for n in model.graph.node} - _SKIP)
+    advice = _DropAdvice()
+    logging.getLogger().addFilter(advice)
+    try:
+        return _quantize(model, scheme, op_types)
+    finally:
+        logging.getLogger().removeFilter(advice)
+
+
+def _quantize(model: onnx.ModelProto, scheme: dict, op_types: list[str]) -> onnx.ModelProto:
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
         onnx.save(model, src)
