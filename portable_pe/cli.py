@@ -49,7 +49,7 @@ def cmd_compile(args) -> int:
     bundle = compile_graph(args.graph, target=args.target, out=args.out,
                            keep_intermediates=args.keep_intermediates, shapes=dict(args.shape or []),
                            target_options=options, pe_tables=args.pe_tables, tuning=not args.no_tuning,
-                           exporter=args.exporter, log=lambda m: print(m, flush=True))
+                           exporter=args.exporter, precision=args.precision, log=lambda m: print(m, flush=True))
     runner = _local_runner(bundle)
     if runner is None and bundle.manifest["reference"]["source"] == "onnxruntime":
         return 0  # onnxruntime is the reference: nothing else to compare here
@@ -207,6 +207,7 @@ COMMANDS = {"compile": cmd_compile, "parity": cmd_parity, "run": cmd_run,
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .quant import PRECISIONS
     from .targets import TARGETS
     parser = argparse.ArgumentParser(prog="portable-pe", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -225,6 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int, metavar="N", help="--target npu: the static sequence length (default 128)")
     p.add_argument("--host", choices=["llvm", "arm"], help="--target npu: host CPU for the TVM build (default llvm)")
     p.add_argument("--pe-tables", choices=["int8"], help="store position tables as int8 rows with per-row scales")
+    p.add_argument("--precision", choices=list(PRECISIONS),
+                   help="int8: calibrated int8 matmuls (llvm, arm; npu is always int8); default: the target's")
     p.add_argument("--no-tuning", action="store_true", help="ignore the graph's tuning database (targets/tuning/)")
     p.add_argument("--exporter", choices=EXPORTER_CHOICES, default=EXPORTER_CHOICES[0],
                    help="torch -> ONNX exporter for graph specs (default %(default)s, 13x faster "

@@ -60,6 +60,7 @@ class CompileState:
     use_tuning: bool = True  # apply targets/tuning/<target>/<graph> when it exists
     exporter: str = DEFAULT_EXPORTER  # torch -> ONNX exporter for specs (export.EXPORTERS)
     tuning: dict = field(default_factory=dict)  # database, digest, specialized entries
+    precision: str = "fp32"  # quant.PRECISIONS; "int8": stage_quantize makes a QDQ graph
 
     def dump(self, filename: str, content: str | bytes) -> None:
         if self.intermediates is not None:
@@ -126,6 +127,27 @@ def stage_legalize(st: CompileState) -> None:
     st.dump("03-legalized.onnx", st.model.SerializeToString())
 
 
+def stage_quantize(st: CompileState) -> None:
+    """--precision int8: the constant-weight matmuls quantized (quant/), calibrated on
+    seeded inputs; a graph that already has QDQ nodes (an NPU graph) is kept as it is."""
+    if st.precision != "int8":
+        return
+    if any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in st.model.graph.node):
+        st.log("  int8: the graph is quantized already (QDQ)")
+        return
+    from .quant.calibration import calibration_feeds, calibration_lengths
+    from .quant.qdq import quantize_linears
+    lengths = calibration_lengths(st.io)
+    st.model, report = quantize_linears(st.model, calibration_feeds(st.io, lengths=lengths))
+    report["calibration_lengths"] = lengths
+    st.target_report["quantization"] = report
+    st.log(f"  int8: {report['matmuls_int8']} matmul(s) with constant weights quantized, "
+           f"{report['matmuls_float']} kept float32; calibrated at T={lengths}")
+    # the reference stays float32 PyTorch: judge the float32 outputs by the int8 row
+    st.target = replace(st.target, tolerance={**st.target.tolerance, "float32": dict(TOLERANCES["int8_linear"])})
+    st.dump("03b-quantized.onnx", st.model.SerializeToString())
+
+
 def stage_import(st: CompileState) -> None:
     from .frontend import import_onnx
     st.relax = import_onnx(st.model)
@@ -151,8 +173,10 @@ def stage_tuning(st: CompileState) -> None:
     from .tuning_db import database_dir, database_digest, specialize, specialized_name, tuned_points
     db_dir = database_dir(st.target.name, st.name)
     points = tuned_points(db_dir)
-    if not (st.use_tuning and points and st.io.get("dims")):
-        st.log(f"  tuning database: {'none for ' + st.name if not points else 'not used (--no-tuning)'}")
+    if not (st.use_tuning and points and st.io.get("dims")) or st.precision != "fp32":
+        why = ("none for " + st.name if not points else "not used (--no-tuning)" if not st.use_tuning
+               else f"not used ({st.precision}: its kernels are float32)")
+        st.log(f"  tuning database: {why}")
         return
     st.tuning = {"database": (db_dir.relative_to(ROOT) if db_dir.is_relative_to(ROOT) else db_dir).as_posix(), "digest": database_digest(db_dir),
                  "specializations": []}
@@ -228,6 +252,7 @@ def stage_bundle(st: CompileState, dest: Path) -> Bundle:
             "simplify": st.simplify,
             "versions": {"portable_pe": __version__, "torch": torch.__version__.split("+")[0],
                          "onnx": onnx.__version__, "tvm": tvm.__version__},
+            "precision": st.precision,
             "tuning": st.tuning or {"database": None},
             "timings_s": {k: round(v, 3) for k, v in st.timings.items()},
             **st.target_report,
@@ -237,25 +262,29 @@ def stage_bundle(st: CompileState, dest: Path) -> Bundle:
 
 
 STAGES = [("target", stage_target), ("load", stage_load), ("export", stage_export), ("simplify", stage_simplify),
-          ("legalize", stage_legalize), ("import", stage_import), ("tuning", stage_tuning), ("build", stage_build), ("reference", stage_reference),
+          ("legalize", stage_legalize), ("quantize", stage_quantize), ("import", stage_import), ("tuning", stage_tuning), ("build", stage_build), ("reference", stage_reference),
           ("finalize", stage_finalize)]
 
 
 def compile_graph(source: str, *, target: str = "llvm", out: str | Path | None = None,
                   keep_intermediates: bool = False, shapes: dict[str, list[int]] | None = None,
                   target_options: dict | None = None, pe_tables: str | None = None, tuning: bool = True, exporter: str = DEFAULT_EXPORTER,
-                  log: Callable[[str], None] = print) -> Bundle:
+                  precision: str | None = None, log: Callable[[str], None] = print) -> Bundle:
     """Compile a shipped graph name, a TOML spec or an .onnx file into a verified bundle.
 
     `target_options` go to the backend's tvm_target() (e.g. board= for arm, arch= for cuda).
     `tuning=False` ignores the graph's tuning database (the "TVM untuned" build).
     `exporter` exports specs to ONNX (export.EXPORTERS); .onnx sources ignore it.
+    `precision` (quant.PRECISIONS, default: the target's first) "int8" quantizes the
+    constant-weight matmuls (default bundle folder dist/<graph>-<target>-int8).
     Nothing is written to `out` unless every stage succeeds.
     """
     spec = load_target(target)
     spec.require_available()
+    precision, default_precision = _precision(spec, precision)
     stem = Path(source).stem if Path(source).suffix in (".onnx", ".toml") else source
-    dest = Path(out) if out else Path("dist") / f"{stem}-{target}"
+    suffix = "" if precision == default_precision else f"-{precision}"
+    dest = Path(out) if out else Path("dist") / f"{stem}-{target}{suffix}"
     inter = None
     if keep_intermediates:
         inter = dest.parent / f"{dest.name}.intermediates"
@@ -263,11 +292,25 @@ def compile_graph(source: str, *, target: str = "llvm", out: str | Path | None =
         inter.mkdir(parents=True)
     st = CompileState(source=str(source), target=spec, intermediates=inter, shapes=shapes or {},
                       target_options=target_options or {}, log=log, pe_tables=pe_tables, use_tuning=tuning,
-                      exporter=exporter)
+                      exporter=exporter, precision=precision)
     _run_stages(st, STAGES)
     bundle = stage_bundle(st, dest)
     log(f"[bundle] {bundle.path} ({st.timings['total']:.1f} s)")
     return bundle
+
+
+def _precision(spec: TargetSpec, precision: str | None) -> tuple[str, str]:
+    """(the precision to build, the target's default): what the backend builds
+    (backends/*.py PRECISIONS, default float32 only)."""
+    from .backends import get_backend
+    from .quant import PRECISIONS
+    supported = tuple(getattr(get_backend(spec.backend), "PRECISIONS", ("fp32",)))
+    precision = precision or supported[0]
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; valid: {', '.join(PRECISIONS)}")
+    if precision not in supported:
+        raise ValueError(f"target {spec.name!r} builds precision {', '.join(supported)}, not {precision!r}")
+    return precision, supported[0]
 
 
 def prepare(source: str, *, target: str = "llvm", target_options: dict | None = None,
