@@ -11,6 +11,10 @@ from pathlib import Path
 #: export.EXPORTERS with the default first, spelled out because importing export.py loads
 #: torch (a test keeps the two the same)
 EXPORTER_CHOICES = ("torchscript", "dynamo")
+#: bench_engines.ENGINES and POOLS, spelled out for the same reason (a test keeps them the same)
+BENCH_ENGINES = ("torch", "torch.compile", "onnxruntime", "openvino", "tvm", "tvm-tuned",
+                 "onnxruntime-int8", "openvino-int8", "tvm-int8")
+BENCH_POOLS = ("default", "passive")
 
 
 def _lengths(text: str) -> list[int]:
@@ -193,10 +197,11 @@ def cmd_list(args) -> int:
 def cmd_bench(args) -> int:
     from .bench import Settings, bench_graph
     settings = Settings(lengths=tuple(args.lengths), batches=tuple(args.batch), threads=args.threads,
-                        repeat=args.repeat, min_time_s=args.min_time, engines=tuple(args.engines.split(",")))
+                        repeat=args.repeat, min_time_s=args.min_time, engines=tuple(args.engines.split(",")),
+                        pool=args.pool)
     out = args.out or Path("dist") / f"bench-{Path(args.graph).stem}"
-    result = bench_graph(args.graph, settings=settings, tuned=args.tuned, bundle=args.bundle, out=out,
-                         log=lambda m: print(m, flush=True))
+    result = bench_graph(args.graph, settings=settings, tuned=args.tuned, bundle=args.bundle,
+                         int8_bundle=args.int8_bundle, out=out, log=lambda m: print(m, flush=True))
     print(result.to_markdown())
     print(f"(wrote {out / 'bench.json'}, bench.md and bench.png)")
     return 0 if all(c.ok is not False for c in result.cells) else 1
@@ -271,16 +276,21 @@ def build_parser() -> argparse.ArgumentParser:
                                        ".onnx file holds and which nodes would block its compile")
     p.add_argument("bundle", help="bundle folder or .onnx file")
 
-    p = sub.add_parser("bench", help="time PyTorch, torch.compile, onnxruntime and TVM on a graph, side by side")
+    p = sub.add_parser("bench", help="time PyTorch, torch.compile, onnxruntime, OpenVINO and TVM (float32 and "
+                                     "int8) on a graph, side by side")
     p.add_argument("graph", help="shipped graph name or a .toml spec")
     p.add_argument("--lengths", type=_lengths, default=[128, 512], help="sequence lengths (default 128,512)")
     p.add_argument("--batch", type=_lengths, default=[1, 8], help="batch sizes (default 1,8)")
     p.add_argument("--threads", type=int, default=2, help="threads for every engine (default 2)")
     p.add_argument("--repeat", type=int, default=20, help="at least this many timed runs per cell (default 20)")
     p.add_argument("--min-time", type=float, default=2.0, help="and at least this many seconds per cell (default 2)")
-    p.add_argument("--engines", default="torch,torch.compile,onnxruntime,tvm,tvm-tuned",
-                   help="comma-separated subset of torch,torch.compile,onnxruntime,tvm,tvm-tuned (default all)")
+    p.add_argument("--engines", default=",".join(BENCH_ENGINES),
+                   help=f"comma-separated subset of {','.join(BENCH_ENGINES)} (default all)")
+    p.add_argument("--pool", choices=BENCH_POOLS, default=BENCH_POOLS[0],
+                   help="default: every engine's thread pool at its defaults (onnxruntime spins), engines "
+                        "timed in alternating blocks; passive: idle workers sleep (a machine shared with other work)")
     p.add_argument("--tuned", metavar="BUNDLE", help="a tuned llvm bundle for the 'tvm-tuned' column")
+    p.add_argument("--int8-bundle", metavar="BUNDLE", help="an llvm --precision int8 bundle for the int8 columns")
     p.add_argument("--bundle", metavar="BUNDLE", help="reuse this untuned llvm bundle instead of compiling one")
     p.add_argument("--out", type=Path, help="folder for bench.json/.md/.png and the compiled bundle "
                                             "(default dist/bench-<graph>)")
