@@ -138,8 +138,10 @@ def stage_quantize(st: CompileState) -> None:
     from .quant.calibration import calibration_feeds, calibration_lengths
     from .quant.qdq import quantize_linears
     lengths = calibration_lengths(st.io)
-    st.model, report = quantize_linears(st.model, calibration_feeds(st.io, lengths=lengths))
+    feeds = calibration_feeds(st.io, lengths=lengths)
+    st.model, report = quantize_linears(st.model, feeds)
     report["calibration_lengths"] = lengths
+    report["calibration_shapes"] = [{k: list(v.shape) for k, v in f.items()} for f in feeds]
     st.target_report["quantization"] = report
     st.log(f"  int8: {report['matmuls_int8']} matmul(s) with constant weights quantized, "
            f"{report['matmuls_float']} kept float32; calibrated at T={lengths}")

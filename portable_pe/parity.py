@@ -128,7 +128,8 @@ class ParityReport:
             lines.append(f"| {r.candidate} | {r.length} | {r.output} | {'x'.join(map(str, r.shape))} | "
                          f"{r.max_abs:.2e} | {r.max_rel:.2e} | {r.cosine:.6f} | "
                          f"{'ok' if r.ok else 'FAIL (' + r.why + ')'}{'' if r.gating else ' (peer, not gating)'} |")
-        lines += ["", f"**{'PASS' if self.ok else 'FAIL'}**"]
+        judged = any(r.gating for r in self.rows)
+        lines += ["", f"**{'PASS' if self.ok else 'FAIL' if judged else 'nothing judged here (peer rows only)'}**"]
         return "\n".join(lines)
 
 

@@ -112,7 +112,7 @@ def test_x86_int8_kernels_use_the_dot_product_instruction(mcpu, instruction, reg
     assert instruction in asm and any(instruction in line and f"%{register}" in line for line in asm.splitlines())
 
 
-@pytest.mark.parametrize("board_cpu,instruction", [("cortex-a76", "sdot\t"), ("cortex-a72", "smlal")])
+@pytest.mark.parametrize("board_cpu,instruction", [("neoverse-v1", "smmla\t"), ("cortex-a76", "sdot\t"), ("cortex-a72", "smlal")])
 def test_aarch64_int8_kernels(board_cpu, instruction):
     asm = _build(_qdq_model(), {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": board_cpu}
                  ).mod.imports[0].inspect_source("asm")
@@ -135,9 +135,10 @@ def test_isa_follows_the_cpu_features():
     for mcpu, name in cases.items():
         assert isa_module.int8_isa(tvm.target.Target({"kind": "llvm", "mcpu": mcpu})).name == name, mcpu
     arm = {"mtriple": "aarch64-linux-gnu"}
+    assert isa_module.int8_isa(tvm.target.Target({"kind": "llvm", **arm, "mcpu": "neoverse-v1"})).name == "neon-i8mm"
     assert isa_module.int8_isa(tvm.target.Target({"kind": "llvm", **arm, "mcpu": "cortex-a76"})).name == "neon-dotprod"
     assert isa_module.int8_isa(tvm.target.Target({"kind": "llvm", **arm, "mattr": ["+neon"]})).name == "neon"
-    assert set(ISAS) == set(cases.values()) | {"neon-dotprod", "neon"}
+    assert set(ISAS) == set(cases.values()) | {"neon-i8mm", "neon-dotprod", "neon"}
 
 
 # ------------------------------------------------------------------- int8 bundles

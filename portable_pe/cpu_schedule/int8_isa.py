@@ -8,8 +8,13 @@ An int8 matmul micro-kernel multiplies a broadcast group of KG activations by a
     avx-vnni       vpdpbusd ymm (VEX)               uint8 x int8     8     4
     avx512bw       vpmaddwd zmm + vpaddd            int16 x int16   16     2
     avx2           vpmaddwd ymm + vpaddd            int16 x int16    8     2
+    neon-i8mm      smmla v.4s: a 2 x 2 tile         int8 x int8      2     8   (2 rows)
     neon-dotprod   sdot v.4s                        int8 x int8      4     4
     neon           smlal (LLVM picks it; no intrin) int16 x int16    4     1
+
+smmla (FEAT_I8MM) multiplies two rows of 8 activations by two columns of 8 weights into
+a 2 x 2 int32 tile: 32 multiply-adds per instruction against sdot's 16. Its instruction
+covers ROWS = 2 rows of the register tile, so the schedule gives it a (2, LANES) block.
 
 Without VNNI, x86 has no exact 8-bit dot product: vpmaddubsw adds two uint8 x int8
 products into a saturating int16 (255 * 127 * 2 > 32767), which is why onnxruntime's
@@ -42,6 +47,7 @@ class Int8Isa:
     intrin: str | None  # registered TensorIntrin; None: plain TIR, LLVM picks instructions
     tile_rows: int      # MI: rows of the register tile ...
     tile_vectors: int   # ... by this many vectors of LANES int32 (fits the SIMD register file)
+    rows: int = 1       # tile rows one instruction covers (smmla: 2)
 
 
 def _features(target) -> set[str]:
@@ -57,6 +63,8 @@ def int8_isa(target) -> Int8Isa:
     features = _features(target)
     triple = str(target.attrs.get("mtriple", "")) if target is not None else ""
     if "aarch64" in triple or "arm64" in triple:
+        if "i8mm" in features:
+            return ISAS["neon-i8mm"]
         if "dotprod" in features:
             return ISAS["neon-dotprod"]
         return ISAS["neon"]
@@ -137,6 +145,48 @@ _PMADDWD512 = _register("portable_pe_vpmaddwd_16x2", "int16", "int16", 16, 2, "l
                         accumulates=False)
 _PMADDWD256 = _register("portable_pe_vpmaddwd_8x2", "int16", "int16", 8, 2, "llvm.x86.avx2.pmadd.wd",
                         accumulates=False)
+def _smmla_desc():
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
+        sa, sc = T.int64(), T.int64()
+        A = T.match_buffer(a, (2, 8), "int8", offset_factor=1, strides=[sa, 1])
+        B = T.match_buffer(b, (2, 8), "int8", offset_factor=1)
+        C = T.match_buffer(c, (2, 2), "int32", offset_factor=1, strides=[sc, 1])
+        with T.sblock("root"):
+            T.reads(C[0:2, 0:2], A[0:2, 0:8], B[0:2, 0:8])
+            T.writes(C[0:2, 0:2])
+            for i, j, k in T.grid(2, 2, 8):
+                with T.sblock("update"):
+                    vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                    C[vi, vj] = C[vi, vj] + T.Cast("int32", A[vi, vk]) * T.Cast("int32", B[vj, vk])
+    return desc
+
+
+def _smmla_impl():
+    """Two activation rows (8 bytes each, a row stride apart) and two weight columns
+    (16 contiguous bytes: the packed layout keeps a column's 8 reduction elements
+    together) into the 2 x 2 tile, whose rows lie a tile row apart."""
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+        sa, sc = T.int64(), T.int64()
+        A = T.match_buffer(a, (2, 8), "int8", offset_factor=1, strides=[sa, 1])
+        B = T.match_buffer(b, (2, 8), "int8", offset_factor=1)
+        C = T.match_buffer(c, (2, 2), "int32", offset_factor=1, strides=[sc, 1])
+        with T.sblock("root"):
+            T.reads(C[0:2, 0:2], A[0:2, 0:8], B[0:2, 0:8])
+            T.writes(C[0:2, 0:2])
+            rows = T.vectorcombine("int8x16", A.vload([0, 0], "int8x8"), A.vload([1, 0], "int8x8"))
+            tile = T.vectorcombine("int32x4", C.vload([0, 0], "int32x2"), C.vload([1, 0], "int32x2"))
+            out = T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id("llvm.aarch64.neon.smmla.v4i32.v16i8"),
+                                          tile, rows, B.vload([0, 0], "int8x16"), dtype="int32x4")
+            C[0, T.ramp(T.int64(0), 1, 2)] = T.vectorlow("int32x2", out)
+            C[1, T.ramp(T.int64(0), 1, 2)] = T.vectorhigh("int32x2", out)
+    return impl
+
+
+_SMMLA = "portable_pe_smmla_2x2x8"
+if TensorIntrin.get(_SMMLA, allow_missing=True) is None:
+    TensorIntrin.register(_SMMLA, _smmla_desc(), _smmla_impl())
 _SDOT = _register("portable_pe_sdot_4x4", "int8", "int8", 4, 4, "llvm.aarch64.neon.sdot.v4i32.v16i8",
                   accumulates=True)
 
@@ -150,6 +200,8 @@ ISAS: dict[str, Int8Isa] = {
     "avx-vnni": Int8Isa("avx-vnni", "uint8", "int8", 8, 4, _VNNI256, 6, 2),
     "avx512bw": Int8Isa("avx512bw", "int16", "int16", 16, 2, _PMADDWD512, 7, 2),
     "avx2": Int8Isa("avx2", "int16", "int16", 8, 2, _PMADDWD256, 5, 2),
+    # smmla: 2 x 2 per instruction; an 8 x 8 tile is 16 accumulators, 4 weight and 4 row vectors
+    "neon-i8mm": Int8Isa("neon-i8mm", "int8", "int8", 2, 8, _SMMLA, 8, 4, rows=2),
     "neon-dotprod": Int8Isa("neon-dotprod", "int8", "int8", 4, 4, _SDOT, 6, 4),
     "neon": Int8Isa("neon", "int16", "int16", 4, 1, None, 6, 4),
     "generic": Int8Isa("generic", "int16", "int16", 4, 1, None, 4, 2),

@@ -60,6 +60,7 @@ def schedule_int8_matmul(sch, mm_block, other_blocks, target) -> bool:
     if not _operands_match(sch, mm_block, isa):
         return False
     mi = isa.tile_rows if ext_i is None else min(isa.tile_rows, ext_i)
+    mi = max(isa.rows, mi // isa.rows * isa.rows)
 
     # Dynamic or ragged rows: a zero-padded copy of A (its own nest), so every tile is full.
     pad_i = mi if (ext_i is None or ext_i % mi) else 1
@@ -68,10 +69,10 @@ def schedule_int8_matmul(sch, mm_block, other_blocks, target) -> bool:
     if not _pack_constant_weight(sch, mm_block, sch.get(mm_block).iter_vars[len(batch) + 1].var, nj, kg=isa.kg):
         logger.debug("cpu_schedule: int8 matmul without a constant weight to pack")
 
-    io, ii = sch.split(li, [None, mi])
+    io, ii, ir = sch.split(li, [None, mi // isa.rows, isa.rows])
     jo, jv, ji = sch.split(lj, [None, nv, isa.lanes])
     ko, ki = sch.split(lk, [None, isa.kg])
-    sch.reorder(*batch, io, jo, ko, ii, jv, ji, ki)
+    sch.reorder(*batch, io, jo, ko, ii, jv, ir, ji, ki)
     for blk in other_blocks:  # the epilogue, per tile
         sch.reverse_compute_at(blk, jo, preserve_unit_loops=True)
         inner = sch.get_loops(blk)[len(batch) + 2:]
@@ -79,10 +80,11 @@ def schedule_int8_matmul(sch, mm_block, other_blocks, target) -> bool:
             _vectorize_inner(sch, inner[-1], isa.lanes)
     _parallel_outer(sch, list(batch) + [io])
     init = sch.decompose_reduction(mm_block, ko)
-    init_loops = sch.get_loops(init)
-    sch.vectorize(sch.fuse(*init_loops[-2:]))  # jv, ji: the tile row, zeroed
+    *_, init_jv, init_ir, init_ji = sch.get_loops(init)
+    sch.reorder(init_ir, init_jv)
+    sch.vectorize(sch.fuse(init_jv, init_ji))  # the tile row, zeroed
     if isa.intrin is not None:
-        sch.tensorize(sch.blockize(ji), isa.intrin)
+        sch.tensorize(sch.blockize(ir if isa.rows > 1 else ji), isa.intrin)
     else:
         sch.vectorize(ji)
     sch.unroll(ii)
