@@ -16,6 +16,10 @@ from pathlib import Path
 #: export.EXPORTERS with the default first, spelled out because importing export.py loads
 #: torch (a test keeps the two the same)
 EXPORTER_CHOICES = ("torchscript", "dynamo")
+#: bench_engines.ENGINES and POOLS, spelled out for the same reason (a test keeps them the same)
+BENCH_ENGINES = ("torch", "torch.compile", "onnxruntime", "openvino", "tvm", "tvm-tuned",
+                 "onnxruntime-int8", "openvino-int8", "tvm-int8")
+BENCH_POOLS = ("default", "passive")
 
 
 def _lengths(text: str) -> list[int]:
@@ -104,7 +108,7 @@ def cmd_compile(args) -> int:
     bundle = compile_graph(args.graph, target=args.target, out=args.out,
                            keep_intermediates=args.keep_intermediates, shapes=dict(args.shape or []),
                            target_options=options, pe_tables=args.pe_tables, tuning=not args.no_tuning,
-                           exporter=args.exporter, force=args.force, log=lambda m: print(m, flush=True))
+                           exporter=args.exporter, precision=args.precision, force=args.force, log=lambda m: print(m, flush=True))
     lengths = usable_lengths(bundle.manifest, args.lengths or DEFAULT_LENGTHS)
     skipped = sorted(set(args.lengths or ()) - set(lengths))
     if skipped:
@@ -114,6 +118,9 @@ def cmd_compile(args) -> int:
     report = check_bundle(bundle, lengths=lengths, tvm_runner=runner,
                           candidates=("onnxruntime", "tvm") if runner else ("onnxruntime",), extra_runners=vendor)
     report.unverified = why
+    if runner is None and report.rows and not any(r.gating for r in report.rows):  # an int8 bundle for a board
+        print("note: onnxruntime's int8 kernels on this machine are shown for comparison; the bundle itself "
+              "is checked on the board (portable-pe deploy, or its run_on_board.py)", flush=True)
     return _print_report(report, args.json)
 
 
@@ -264,12 +271,13 @@ def cmd_bench(args) -> int:
     from .bench import Settings, bench_graph
     from .out_paths import output_folder
     settings = Settings(lengths=tuple(args.lengths), batches=tuple(args.batch), threads=args.threads,
-                        repeat=args.repeat, min_time_s=args.min_time, engines=tuple(args.engines.split(",")))
+                        repeat=args.repeat, min_time_s=args.min_time, engines=tuple(args.engines.split(",")),
+                        pool=args.pool)
     out = Path(args.out) if args.out is not None else Path("dist") / f"bench-{Path(args.graph).stem}"
     output_folder(args.out if args.out is not None else out, option="--out", files=("bench.json", "bench.md", "bench.png"))
     _bench_precheck(args, settings)
-    result = bench_graph(args.graph, settings=settings, tuned=args.tuned, bundle=args.bundle, out=out,
-                         log=lambda m: print(m, flush=True))
+    result = bench_graph(args.graph, settings=settings, tuned=args.tuned, bundle=args.bundle,
+                         int8_bundle=args.int8_bundle, out=out, log=lambda m: print(m, flush=True))
     print(result.to_markdown())
     print(f"(wrote {out / 'bench.json'}, bench.md and bench.png)")
     return 0 if all(c.ok is not False for c in result.cells) else 1
@@ -283,7 +291,7 @@ def _bench_precheck(args, settings) -> None:
     unknown = sorted(set(settings.engines) - set(ENGINES))
     if unknown:
         raise ValueError(f"--engines: unknown engine(s) {', '.join(unknown)}; valid: {', '.join(ENGINES)}")
-    bundles = [load_bundle(path) for path in (args.bundle, args.tuned) if path is not None]
+    bundles = [load_bundle(path) for path in (args.bundle, args.tuned, args.int8_bundle) if path is not None]
     for bundle in bundles:
         check_request(bundle.manifest, lengths=settings.lengths, batch=max(settings.batches))
     if not bundles and Path(args.graph).suffix != ".onnx":
@@ -300,6 +308,7 @@ COMMANDS = {"compile": cmd_compile, "parity": cmd_parity, "run": cmd_run,
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .quant import PRECISIONS
     from .targets import TARGETS
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
@@ -333,6 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--target npu: run the profile's vendor compiler (rknpu2: RKNN-Toolkit2): auto (default: "
                         "when its toolchain is installed), require, skip")
     p.add_argument("--pe-tables", choices=["int8"], help="store position tables as int8 rows with per-row scales")
+    p.add_argument("--precision", choices=list(PRECISIONS),
+                   help="int8: calibrated int8 matmuls (llvm, arm; npu is always int8); default: the target's")
     p.add_argument("--no-tuning", action="store_true", help="ignore the graph's tuning database (targets/tuning/)")
     p.add_argument("--exporter", choices=EXPORTER_CHOICES, default=EXPORTER_CHOICES[0],
                    help="torch -> ONNX exporter for graph specs (default %(default)s, 13x faster "
@@ -376,7 +387,8 @@ def build_parser() -> argparse.ArgumentParser:
                                        ".onnx file holds and which nodes would block its compile")
     p.add_argument("bundle", help="bundle folder or .onnx file")
 
-    p = sub.add_parser("bench", help="time PyTorch, torch.compile, onnxruntime and TVM on a graph, side by side")
+    p = sub.add_parser("bench", help="time PyTorch, torch.compile, onnxruntime, OpenVINO and TVM (float32 and "
+                                     "int8) on a graph, side by side")
     p.add_argument("graph", help="shipped graph name or a .toml spec")
     p.add_argument("--lengths", type=_lengths, default=[128, 512], help="sequence lengths (default 128,512)")
     p.add_argument("--batch", type=_lengths, default=[1, 8], help="batch sizes (default 1,8)")
@@ -385,9 +397,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="at least this many timed runs per cell (default 20)")
     p.add_argument("--min-time", type=_seconds(0, 3600), default=2.0,
                    help="and at least this many seconds per cell (default 2)")
-    p.add_argument("--engines", default="torch,torch.compile,onnxruntime,tvm,tvm-tuned",
-                   help="comma-separated subset of torch,torch.compile,onnxruntime,tvm,tvm-tuned (default all)")
+    p.add_argument("--engines", default=",".join(BENCH_ENGINES),
+                   help=f"comma-separated subset of {','.join(BENCH_ENGINES)} (default all)")
+    p.add_argument("--pool", choices=BENCH_POOLS, default=BENCH_POOLS[0],
+                   help="default: every engine's thread pool at its defaults (onnxruntime spins), engines "
+                        "timed in alternating blocks; passive: idle workers sleep (a machine shared with other work)")
     p.add_argument("--tuned", metavar="BUNDLE", help="a tuned llvm bundle for the 'tvm-tuned' column")
+    p.add_argument("--int8-bundle", metavar="BUNDLE", help="an llvm --precision int8 bundle for the int8 columns")
     p.add_argument("--bundle", metavar="BUNDLE", help="reuse this untuned llvm bundle instead of compiling one")
     p.add_argument("--out", help="folder for bench.json/.md/.png and the compiled bundle "
                                             "(default dist/bench-<graph>)")

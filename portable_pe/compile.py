@@ -69,6 +69,7 @@ class CompileState:
     tuning: dict = field(default_factory=dict)  # database, digest, specialized entries
     files: dict[str, bytes] = field(default_factory=dict)  # extra bundle files backends made (e.g. rknn/)
     reference_model: onnx.ModelProto | None = None  # foreign ONNX: reference graph if not st.model
+    precision: str = "fp32"  # quant.PRECISIONS; "int8": stage_quantize makes a QDQ graph
 
     def dump(self, filename: str, content: str | bytes) -> None:
         if self.intermediates is not None:
@@ -149,6 +150,29 @@ def _record(st: CompileState, made) -> None:
         st.files.update(made.files)
 
 
+def stage_quantize(st: CompileState) -> None:
+    """--precision int8: the constant-weight matmuls quantized (quant/), calibrated on
+    seeded inputs; a graph that already has QDQ nodes (an NPU graph) is kept as it is."""
+    if st.precision != "int8":
+        return
+    if any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in st.model.graph.node):
+        st.log("  int8: the graph is quantized already (QDQ)")
+        return
+    from .quant.calibration import calibration_feeds, calibration_lengths
+    from .quant.qdq import quantize_linears
+    lengths = calibration_lengths(st.io)
+    feeds = calibration_feeds(st.io, lengths=lengths)
+    st.model, report = quantize_linears(st.model, feeds)
+    report["calibration_lengths"] = lengths
+    report["calibration_shapes"] = [{k: list(v.shape) for k, v in f.items()} for f in feeds]
+    st.target_report["quantization"] = report
+    st.log(f"  int8: {report['matmuls_int8']} matmul(s) with constant weights quantized, "
+           f"{report['matmuls_float']} kept float32; calibrated at T={lengths}")
+    # the reference stays float32 PyTorch: judge the float32 outputs by the int8 row
+    st.target = replace(st.target, tolerance={**st.target.tolerance, "float32": dict(TOLERANCES["int8_linear"])})
+    st.dump("03b-quantized.onnx", st.model.SerializeToString())
+
+
 def stage_import(st: CompileState) -> None:
     from .frontend import import_onnx
     st.relax = import_onnx(st.model)
@@ -175,8 +199,10 @@ def stage_tuning(st: CompileState) -> None:
     from .tuning_db import database_dir, database_digest, specialize, specialized_name, tuned_points
     db_dir = database_dir(st.target.name, st.name)
     points = tuned_points(db_dir)
-    if not (st.use_tuning and points and st.io.get("dims")):
-        st.log(f"  tuning database: {'none for ' + st.name if not points else 'not used (--no-tuning)'}")
+    if not (st.use_tuning and points and st.io.get("dims")) or st.precision != "fp32":
+        why = ("none for " + st.name if not points else "not used (--no-tuning)" if not st.use_tuning
+               else f"not used ({st.precision}: its kernels are float32)")
+        st.log(f"  tuning database: {why}")
         return
     st.tuning = {"database": (db_dir.relative_to(ROOT) if db_dir.is_relative_to(ROOT) else db_dir).as_posix(), "digest": database_digest(db_dir),
                  "specializations": []}
@@ -263,6 +289,7 @@ def stage_bundle(st: CompileState, dest: Path, *, replace_any: bool = False) -> 
             "simplify": st.simplify,
             "versions": {"portable_pe": __version__, "torch": torch.__version__.split("+")[0],
                          "onnx": onnx.__version__, "tvm": tvm.__version__},
+            "precision": st.precision,
             "tuning": st.tuning or {"database": None},
             "timings_s": {k: round(v, 3) for k, v in st.timings.items()},
             **st.target_report,
@@ -277,14 +304,14 @@ def stage_bundle(st: CompileState, dest: Path, *, replace_any: bool = False) -> 
 # the vendor stage (a vendor NPU compiler, when the target has one) comes before TVM's
 # build, so a vendor failure is reported before minutes of host compilation
 STAGES = [("target", stage_target), ("load", stage_load), ("export", stage_export), ("simplify", stage_simplify),
-          ("legalize", stage_legalize), ("import", stage_import), ("tuning", stage_tuning), ("reference", stage_reference),
-          ("vendor", stage_vendor), ("build", stage_build), ("finalize", stage_finalize)]
+          ("legalize", stage_legalize), ("quantize", stage_quantize), ("import", stage_import), ("tuning", stage_tuning),
+          ("reference", stage_reference), ("vendor", stage_vendor), ("build", stage_build), ("finalize", stage_finalize)]
 
 
 def compile_graph(source: str, *, target: str = "llvm", out: str | Path | None = None,
                   keep_intermediates: bool = False, shapes: dict[str, list[int]] | None = None,
                   target_options: dict | None = None, pe_tables: str | None = None, tuning: bool = True, exporter: str = DEFAULT_EXPORTER,
-                  force: bool = False, log: Callable[[str], None] = print) -> Bundle:
+                  precision: str | None = None, force: bool = False, log: Callable[[str], None] = print) -> Bundle:
     """Compile a shipped graph name, a TOML spec or an .onnx file into a verified bundle.
 
     `target_options` go to the backend's tvm_target() (e.g. board= for arm, arch= for cuda).
@@ -292,15 +319,19 @@ def compile_graph(source: str, *, target: str = "llvm", out: str | Path | None =
     `exporter` exports specs to ONNX (export.EXPORTERS); .onnx sources ignore it.
     Nothing is written to `out` unless every stage succeeds. `out` may be an existing
     bundle or a new path; `force` lets it replace anything else (out_paths).
+    `precision` (quant.PRECISIONS, default: the target's first) "int8" quantizes the
+    constant-weight matmuls (default bundle folder dist/<graph>-<target>-int8).
     """
     spec = load_target(target)
     spec.require_available()
+    precision, default_precision = _precision(spec, precision)
     stem = Path(source).stem if Path(source).suffix in (".onnx", ".toml") else source
-    dest = bundle_destination(Path("dist") / f"{stem}-{target}" if out is None else out, force=force)
+    suffix = "" if precision == default_precision else f"-{precision}"
+    dest = bundle_destination(Path("dist") / f"{stem}-{target}{suffix}" if out is None else out, force=force)
     inter = Intermediates(dest, force=force) if keep_intermediates else None
     st = CompileState(source=str(source), target=spec, intermediates=inter, shapes=shapes or {},
                       target_options=target_options or {}, log=log, pe_tables=pe_tables, use_tuning=tuning,
-                      exporter=exporter)
+                      exporter=exporter, precision=precision)
     with bundle_lock(dest):
         try:
             _run_stages(st, STAGES)
@@ -311,6 +342,20 @@ def compile_graph(source: str, *, target: str = "llvm", out: str | Path | None =
                 log(f"[intermediates] {published}")
     log(f"[bundle] {bundle.path} ({st.timings['total']:.1f} s)")
     return bundle
+
+
+def _precision(spec: TargetSpec, precision: str | None) -> tuple[str, str]:
+    """(the precision to build, the target's default): what the backend builds
+    (backends/*.py PRECISIONS, default float32 only)."""
+    from .backends import get_backend
+    from .quant import PRECISIONS
+    supported = tuple(getattr(get_backend(spec.backend), "PRECISIONS", ("fp32",)))
+    precision = precision or supported[0]
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; valid: {', '.join(PRECISIONS)}")
+    if precision not in supported:
+        raise ValueError(f"target {spec.name!r} builds precision {', '.join(supported)}, not {precision!r}")
+    return precision, supported[0]
 
 
 def prepare(source: str, *, target: str = "llvm", target_options: dict | None = None,

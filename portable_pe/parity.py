@@ -8,7 +8,7 @@ and the compiled TVM artifact. Each output is checked for shape and dtype before
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -24,6 +24,9 @@ TOLERANCES = {
     # float32 graphs whose stored position tables are int8 rows (--pe-tables int8): each
     # table entry is off by up to half a step (max|row|/254), about 0.4% of the table
     "int8_tables": {"atol": 0.0, "rtol": 1e-2, "min_cosine": 0.9999},
+    # --precision int8 (CPU): the constant-weight matmuls in int8, the rest float32;
+    # calibrated on lengths 1..512, every shipped graph measured at cosine >= 0.9998
+    "int8_linear": {"atol": 0.0, "rtol": 0.05, "min_cosine": 0.999},
 }
 DEFAULT_LENGTHS = (1, 7, 128, 300)
 
@@ -71,6 +74,7 @@ class Comparison:
     cosine: float
     ok: bool
     why: str = ""
+    gating: bool = True  # False: shown side by side, but the report's verdict ignores it
 
 
 def compare(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray], *,
@@ -111,8 +115,10 @@ class ParityReport:
 
     @property
     def ok(self) -> bool:
-        """Nothing failed (PASS, or UNVERIFIED with passing onnxruntime rows)."""
-        return (bool(self.rows) or bool(self.unverified)) and all(r.ok for r in self.rows)
+        """Nothing that decides the verdict failed (PASS, or UNVERIFIED with passing rows);
+        peer rows (onnxruntime on an int8 graph) are shown but never decide it."""
+        gating = [r for r in self.rows if r.gating]
+        return (bool(gating) or bool(self.unverified)) and all(r.ok for r in gating)
 
     @property
     def verdict(self) -> str:
@@ -133,7 +139,7 @@ class ParityReport:
         for r in self.rows:
             lines.append(f"| {r.candidate} | {r.length} | {r.output} | {'x'.join(map(str, r.shape))} | "
                          f"{r.max_abs:.2e} | {r.max_rel:.2e} | {r.cosine:.6f} | "
-                         f"{'ok' if r.ok else 'FAIL (' + r.why + ')'} |")
+                         f"{'ok' if r.ok else 'FAIL (' + r.why + ')'}{'' if r.gating else ' (peer, not gating)'} |")
         lines += ["", f"**{self.verdict}**"]
         if self.unverified:
             lines[-1] += (f" (the compiled model did not run here: {self.unverified}. "
@@ -209,12 +215,16 @@ def check_bundle(bundle, *, lengths=DEFAULT_LENGTHS, batch: int = 1, seed: int =
     if ref_source == "onnxruntime" and ref_model == "model.onnx":  # onnxruntime vs itself proves nothing
         candidates = [c for c in candidates if c != "onnxruntime"]
     active = {**{name: runners[name]() for name in candidates}, **(extra_runners or {})}
+    # An int8 bundle's model.onnx is its quantized graph: onnxruntime's int8 kernels run it
+    # side by side, as the peer an int8 user would compare with, without deciding the verdict
+    # (its x86 U8S8 kernels round on CPUs without VNNI, see cpu_schedule/int8_isa.py).
+    peers = {"onnxruntime"} if manifest.get("precision", "fp32") != "fp32" else set()
     report = ParityReport(bundle.name, bundle.target, ref_source)
     roles = dim_roles(manifest)
     for length in usable_lengths(manifest, lengths):
         inputs = make_inputs(manifest["inputs"], length=length, batch=batch, seed=seed, dim_roles=roles)
         expected = reference(inputs)
         for name, run in active.items():
-            report.rows += compare(expected, run(inputs), name=name, length=length,
-                                   tolerance_overrides=manifest.get("tolerance"))
+            rows = compare(expected, run(inputs), name=name, length=length, tolerance_overrides=manifest.get("tolerance"))
+            report.rows += [replace(r, gating=name not in peers) for r in rows]
     return report

@@ -11,8 +11,8 @@ import os
 DEFAULT_THREADS = 2
 
 
-def set_threads(n: int) -> dict[str, int]:
-    """One thread count for every engine, and idle workers that sleep instead of spin.
+def set_threads(n: int, *, passive: bool = True) -> dict[str, int]:
+    """One thread count for every engine, and (``passive``) idle workers that sleep instead of spin.
 
     Engines timed in turn on the same cores fight when the previous engine's pool still
     spins (here a 1 ms torch call took 170 ms after TVM and onnxruntime runs), so every
@@ -23,9 +23,14 @@ def set_threads(n: int) -> dict[str, int]:
     shared 2-core machine the TIR RoPE kernel ran at 43% of copy bandwidth pinned, 88%
     unpinned, same minute): TVM_BIND_THREADS=0 leaves placement to the OS as for the other
     engines. TVM_NUM_THREADS only counts before TVM's pool starts; runtime.config_threadpool
-    resizes it at any time."""
-    os.environ.update({"TVM_NUM_THREADS": str(n), "OMP_NUM_THREADS": str(n), "OMP_WAIT_POLICY": "PASSIVE",
-                       "TVM_THREAD_POOL_SPIN_COUNT": "0", "TVM_BIND_THREADS": "0"})
+    resizes it at any time.
+
+    ``passive=False`` leaves each pool's idle policy at its default (onnxruntime's is the
+    caller's: ort_session(spin=...)); the bench's default mode, which times engines in
+    blocks so that a spinning pool only competes with itself."""
+    os.environ.update({"TVM_NUM_THREADS": str(n), "OMP_NUM_THREADS": str(n), "TVM_BIND_THREADS": "0"})
+    if passive:
+        os.environ.update({"OMP_WAIT_POLICY": "PASSIVE", "TVM_THREAD_POOL_SPIN_COUNT": "0"})
     import torch
     import tvm
     torch.set_num_threads(n)

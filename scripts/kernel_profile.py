@@ -19,18 +19,13 @@ from collections import Counter, defaultdict
 import numpy as np
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("bundle")
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--runs", type=int, default=30)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--top", type=int, default=12)
-    args = parser.parse_args()
-
+def profile_kernels(bundle_path, *, batch: int = 1, seq: int = 128, runs: int = 30, threads: int = 2,
+                    top: int = 12) -> str:
+    """The Markdown table of ms per kernel (slowest first) for one (batch, seq) cell.
+    Thread and pool settings are set_threads' (passive: idle workers sleep, so the
+    instrument hook between kernels does not meet a spinning pool)."""
     from portable_pe.threads import set_threads
-    set_threads(args.threads)
+    set_threads(threads)
     import tvm
     from portable_pe.artifact import load_bundle
     from portable_pe.parity import dim_roles, make_inputs
@@ -38,14 +33,13 @@ def main() -> int:
     from portable_pe.simplify import ort_session
     from portable_pe.tune_judge import timed_kernel_calls
 
-    bundle = load_bundle(args.bundle)
+    bundle = load_bundle(bundle_path)
     runner = LocalRunner(bundle)
-    inputs = make_inputs(bundle.manifest["inputs"], length=args.seq, batch=args.batch,
-                         dim_roles=dim_roles(bundle.manifest))
+    inputs = make_inputs(bundle.manifest["inputs"], length=seq, batch=batch, dim_roles=dim_roles(bundle.manifest))
     entry = entry_for(bundle.manifest, inputs)
     tensors = [tvm.runtime.tensor(np.ascontiguousarray(inputs[s["name"]]), device=runner.device)
                for s in bundle.manifest["inputs"]]
-    session = ort_session(bundle.file("model.onnx"), threads=args.threads, spin=False)
+    session = ort_session(bundle.file("model.onnx"), threads=threads, spin=False)
     names = [o.name for o in session.get_outputs()]
     for _ in range(3):
         runner.vm[entry](*tensors)
@@ -53,7 +47,7 @@ def main() -> int:
     per_kernel: dict[str, list[float]] = defaultdict(list)
     calls: Counter = Counter()
     totals, ort = [], []
-    for _ in range(args.runs):
+    for _ in range(runs):
         run = timed_kernel_calls(runner.vm, entry, tensors)
         summed: dict[str, float] = defaultdict(float)
         for symbol, seconds in run:
@@ -67,16 +61,29 @@ def main() -> int:
         ort.append(time.perf_counter() - start)
     ms = {k: 1000 * float(np.median(v)) for k, v in per_kernel.items()}
     total = 1000 * float(np.median(totals))
-    print(f"{bundle.name}, entry {entry}, B={args.batch} T={args.seq}, {args.threads} threads, {args.runs} runs: "
-          f"kernels {total:.2f} ms in all, onnxruntime {1000 * float(np.median(ort)):.2f} ms (whole graph)\n")
-    print("| kernel | calls | ms per run | share |")
-    print("|---|---:|---:|---:|")
+    lines = [f"{bundle.name} ({bundle.manifest.get('precision', 'fp32')}), entry {entry}, B={batch} T={seq}, "
+             f"{threads} threads, {runs} runs: kernels {total:.2f} ms in all, onnxruntime {1000 * float(np.median(ort)):.2f} ms "
+             f"(whole graph, same model.onnx)", "", "| kernel | calls | ms per run | share |", "|---|---:|---:|---:|"]
     ranked = sorted(ms.items(), key=lambda kv: -kv[1])
-    for symbol, value in ranked[: args.top]:
-        print(f"| {symbol[:70]} | {calls.get(symbol, 0)} | {value:.3f} | {100 * value / total:.0f}% |")
-    rest = sum(v for _, v in ranked[args.top:])
+    for symbol, value in ranked[:top]:
+        lines.append(f"| {symbol[:70]} | {calls.get(symbol, 0)} | {value:.3f} | {100 * value / total:.0f}% |")
+    rest = sum(v for _, v in ranked[top:])
     if rest:
-        print(f"| {len(ranked) - args.top} other kernels | | {rest:.3f} | {100 * rest / total:.0f}% |")
+        lines.append(f"| {len(ranked) - top} other kernels | | {rest:.3f} | {100 * rest / total:.0f}% |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("bundle")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--top", type=int, default=12)
+    args = parser.parse_args()
+    print(profile_kernels(args.bundle, batch=args.batch, seq=args.seq, runs=args.runs, threads=args.threads,
+                          top=args.top))
     return 0
 
 

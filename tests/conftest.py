@@ -31,12 +31,12 @@ def bundle_factory(tmp_path_factory):
     from portable_pe.compile import compile_graph
     cache = {}
 
-    def build(graph: str, target: str = "llvm", *, tuning: bool = True, **options):
-        key = (str(graph), target, tuning, tuple(sorted(options.items())))
+    def build(graph: str, target: str = "llvm", *, tuning: bool = True, precision: str | None = None, **options):
+        key = (str(graph), target, tuning, precision, tuple(sorted(options.items())))
         if key not in cache:
             out = tmp_path_factory.mktemp("bundles") / f"{Path(str(graph)).stem}-{target}"
             cache[key] = compile_graph(str(graph), target=target, out=out, log=lambda m: None,
-                                       target_options=options or None, tuning=tuning)
+                                       target_options=options or None, tuning=tuning, precision=precision)
         return cache[key]
     return build
 
@@ -44,3 +44,8 @@ def bundle_factory(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_bundle(bundle_factory):
     return bundle_factory(TINY_SPEC)
+
+
+@pytest.fixture(scope="session")
+def tiny_int8_bundle(bundle_factory):
+    return bundle_factory(TINY_SPEC, precision="int8")

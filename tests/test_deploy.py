@@ -312,3 +312,22 @@ def test_every_shipped_graph_passes_on_the_board(graph, bundle_factory, emulated
     assert runner.returncode == 0, runner.stdout + runner.stderr
     print(f"{graph}: RPC max abs {report.worst('board vs reference.npz'):.2e}, runner max abs "
           f"{max(r['max_abs'] for r in json.loads(Path('/tmp/runner.json').read_text())['rows']):.2e}")
+
+
+# int8 bundles, one board per kind of kernel: i8mm (smmla) by default, sdot and plain NEON slow
+INT8_BOARDS = [pytest.param("jetson-agx-thor", id="i8mm"),
+               pytest.param("jetson-agx-orin", id="sdot", marks=pytest.mark.slow),
+               pytest.param("generic", id="neon", marks=pytest.mark.slow)]
+
+
+@board
+@needs_cross
+@pytest.mark.parametrize("board_name", INT8_BOARDS)
+def test_int8_bundle_passes_on_the_board(board_name, bundle_factory, emulated_board):
+    """The int8 kernels for the board's CPU run on the (emulated) board, judged against
+    PyTorch float32 by the int8 row; onnxruntime's int8 rows (this machine) are not judged."""
+    bundle = bundle_factory(TINY_SPEC, "arm", precision="int8", board=board_name)
+    assert bundle.manifest["precision"] == "int8"
+    report = deploy(bundle, rpc=emulated_board.direct(), log=lambda m: None)
+    board_rows = [r for r in report.rows if r.candidate == "board vs reference.npz"]
+    assert report.ok and board_rows and all(r.ok and r.cosine >= 0.999 for r in board_rows), report.to_markdown()

@@ -30,6 +30,9 @@ def cross_compiler() -> str:
     return path
 
 
+PRECISIONS = ("fp32", "int8")  # quant.PRECISIONS this backend builds; the first is the default
+
+
 def tvm_target(spec, *, board: str | None = None) -> tvm.target.Target:
     # Fail here, before the build, rather than after minutes of compiling.
     cross_compiler()

@@ -7,6 +7,9 @@ import os
 import tvm
 
 
+PRECISIONS = ("fp32", "int8")  # quant.PRECISIONS this backend builds; the first is the default
+
+
 def tvm_target(spec, **options) -> tvm.target.Target:
     config = dict(spec.tvm)
     if config.get("mcpu") == "host":

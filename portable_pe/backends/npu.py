@@ -40,8 +40,14 @@ def tvm_target(spec, *, profile=None, seq_len=None, host=None, npu_dtype=None, s
     return backend.tvm_target(host_spec) if host_spec is not None else llvm.tvm_target(spec)
 
 
+#: the NPU graph is always int8 (QDQ); quant.PRECISIONS
+PRECISIONS = ("int8",)
+
+
 def relax_pipeline(target):
-    return "default"
+    # the host CPU pipeline (arm's is llvm's): its int8 lowering (cpu_schedule.quant_matmul)
+    # runs the QDQ matmuls as integer kernels instead of float matmuls on dequantized copies
+    return llvm.relax_pipeline(target)
 
 
 def export_library(executable, path, *, target_options: dict | None = None) -> None:

@@ -127,8 +127,10 @@ def _register_tile(target, lanes: int, ext_i, ext_j) -> tuple[int, int]:
 _LAYOUT_REWRITE_PREPROC = "meta_schedule.layout_rewrite_preproc"
 
 
-def _pack_constant_weight(sch, mm_block, j_var, nj: int) -> bool:
-    """Store a constant [K, N] weight as [N/NJ, K, NJ] panels.
+def _pack_constant_weight(sch, mm_block, j_var, nj: int, *, kg: int = 1) -> bool:
+    """Store a constant [K, N] weight as [N/NJ, K, NJ] panels ([N/NJ, K/KG, NJ, KG] with
+    ``kg`` > 1: the groups of KG reduction elements an integer dot product instruction
+    takes per lane, see int8_isa).
 
     The micro-kernel reads NJ consecutive columns of B for every k. In the [K, N]
     layout those rows lie N*4 bytes apart, 4 KiB for N = 1024: every k lands in the
@@ -147,14 +149,17 @@ def _pack_constant_weight(sch, mm_block, j_var, nj: int) -> bool:
         if not any(buffer.same_as(f) for f in free_buffers) or len(buffer.shape) != 2:
             continue
         k_ext, n_ext = (_const_int(x) for x in buffer.shape)
-        if k_ext is None or n_ext is None or n_ext % nj:
+        if k_ext is None or n_ext is None or n_ext % nj or k_ext % kg:
             continue
         loads = list(_loads_of(stmt.body.value, buffer))
         if not loads or not all(_node(x.indices[-1]) == "Var" and x.indices[-1].same_as(j_var) for x in loads):
             continue
         try:
             packed = sch.cache_read(mm_block, index, "global")
-            sch.transform_layout(mm_block, ("read", index), lambda k, n: (n // nj, k, n % nj))
+            if kg > 1:
+                sch.transform_layout(mm_block, ("read", index), lambda k, n: (n // nj, k // kg, n % nj, k % kg))
+            else:
+                sch.transform_layout(mm_block, ("read", index), lambda k, n: (n // nj, k, n % nj))
             sch.annotate(packed, _LAYOUT_REWRITE_PREPROC, True)
         except Exception as err:  # pylint: disable=broad-except
             # each primitive either applies or leaves the schedule as it was
@@ -175,6 +180,39 @@ def _loads_of(expr, buffer):
             yield from _loads_of(getattr(expr, child), buffer)
 
 
+def _pad_to_tiles(sch, mm_block, other_blocks, padding: list[int], lanes: int):
+    """pad_einsum the matmul's iteration domain by ``padding`` (1 = no padding) and
+    schedule the zero-padded operand copies it adds as nests of their own; the cropping
+    copy it adds is folded into the epilogue, or is the epilogue when there is none.
+    Returns the matmul block and the epilogue blocks (both re-fetched)."""
+    if all(p == 1 for p in padding):
+        return mm_block, other_blocks
+    name = sch.get(mm_block).name_hint
+    producers_before = {sch.get(b).name_hint for b in sch.get_child_blocks(_root_block(sch))}
+    sch.pad_einsum(mm_block, padding)
+    mm_block = sch.get_sblock(name)
+    new_blocks = [
+        b for b in sch.get_child_blocks(_root_block(sch))
+        if sch.get(b).name_hint not in producers_before
+    ]
+    all_blocks = list(sch.get_child_blocks(_root_block(sch)))
+    pos = [sch.get(b).name_hint for b in all_blocks].index(name)
+    pad_producers = [b for b in new_blocks if [sch.get(x).name_hint for x in all_blocks].index(sch.get(b).name_hint) < pos]
+    crop = [b for b in new_blocks if b not in pad_producers]
+    crop_names = [sch.get(b).name_hint for b in crop]
+    if other_blocks:
+        # fold the crop copy into the epilogue
+        for c in crop_names:
+            sch.compute_inline(sch.get_sblock(c))
+    else:
+        other_blocks = [sch.get_sblock(c) for c in crop_names]
+    # (Measured: computing the row-operand pad per row tile (compute_at io) was
+    # slower than one parallel copy nest, so all pad copies run on their own.)
+    for pb in pad_producers:
+        _schedule_spatial_block(sch, pb, lanes)
+    return mm_block, other_blocks
+
+
 def _schedule_matmul(sch, mm_block, other_blocks, target):
     lanes = _vector_lanes(target)
     loops = sch.get_loops(mm_block)
@@ -192,51 +230,11 @@ def _schedule_matmul(sch, mm_block, other_blocks, target):
     # the accumulator compacts into an MI x NJ register tile.
     pad_i = mi if (ext_i is None or ext_i % mi) else 1
     pad_j = nj if (ext_j is None or ext_j % nj) else 1
-    name = sch.get(mm_block).name_hint
-    producers_before = {sch.get(b).name_hint for b in sch.get_child_blocks(_root_block(sch))}
-    if pad_i > 1 or pad_j > 1:
-        sch.pad_einsum(mm_block, [1] * len(batch) + [pad_i, pad_j, 1])
-        mm_block = sch.get_sblock(name)
-        new_blocks = [
-            b for b in sch.get_child_blocks(_root_block(sch))
-            if sch.get(b).name_hint not in producers_before
-        ]
-        all_blocks = list(sch.get_child_blocks(_root_block(sch)))
-        pos = [sch.get(b).name_hint for b in all_blocks].index(name)
-        pad_producers = [b for b in new_blocks if [sch.get(x).name_hint for x in all_blocks].index(sch.get(b).name_hint) < pos]
-        crop = [b for b in new_blocks if b not in pad_producers]
-        crop_names = [sch.get(b).name_hint for b in crop]
-        if other_blocks:
-            # fold the crop copy into the epilogue
-            for c in crop_names:
-                sch.compute_inline(sch.get_sblock(c))
-        else:
-            other_blocks = [sch.get_sblock(c) for c in crop_names]
-        loops = sch.get_loops(mm_block)
-        *batch, li, lj, lk = loops
-    else:
-        pad_producers = []
+    mm_block, other_blocks = _pad_to_tiles(sch, mm_block, other_blocks, [1] * len(batch) + [pad_i, pad_j, 1], lanes)
+    *batch, li, lj, lk = sch.get_loops(mm_block)
 
     if ext_j is not None and ext_j % nj == 0:  # after pad_einsum, which wants plain indices
         _pack_constant_weight(sch, mm_block, sch.get(mm_block).iter_vars[len(batch) + 1].var, nj)
-
-    # Pad copies of the row operand (indexed by i) are made per row tile, in
-    # L1, right before the micro-kernel; the others run as their own nest.
-    a_side = []
-    b_side = []
-    mm_stmt = sch.get(mm_block)
-    i_var = mm_stmt.iter_vars[len(batch)].var
-    for pb in pad_producers:
-        out_buf = _region_buffer(sch.get(pb).writes[0])
-        uses_i = any(
-            _region_buffer(r).same_as(out_buf) and any(i_var in _expr_vars(rg.min) for rg in r.region)
-            for r in mm_stmt.reads
-        )
-        (a_side if uses_i else b_side).append(pb)
-    # (Measured: computing the row-operand pad per row tile (compute_at io) was
-    # slower than one parallel copy nest, so all pad copies run on their own.)
-    for pb in a_side + b_side:
-        _schedule_spatial_block(sch, pb, lanes)
 
     io, ii = sch.split(li, [None, mi])
     jo, ji = sch.split(lj, [None, nj])

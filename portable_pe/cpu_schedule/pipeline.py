@@ -15,7 +15,9 @@ from tvm.ir import IRModule
 from .attention import FuseAttention
 from .fast_math import CPUFastMath
 from .head_reshapes import FusableHeadReshapes
+from .int8_matmul import is_integer_matmul, schedule_int8_matmul
 from .matmul import _match_matmul, _schedule_matmul
+from .quant_matmul import LowerQuantizedMatmul
 from .reduction import _schedule_reduction_chain
 from .small_work import SerialWhenSmall
 from .weight_packing import FoldWeightPacking, MarkConstantWeights, SplitWeightPacking
@@ -54,6 +56,8 @@ def schedule_prim_func(func: tirx.PrimFunc, target) -> tirx.PrimFunc | None:
         epilogue = blocks[idx + 1:]
         for blk in prologue:
             _schedule_spatial_block(sch, blk, lanes)
+        if is_integer_matmul(sch, mm_block) and schedule_int8_matmul(sch, mm_block, epilogue, target):
+            return sch.mod["main"]
         if _schedule_matmul(sch, mm_block, epilogue, target):
             return sch.mod["main"]
         return None
@@ -140,6 +144,8 @@ def fusion_passes(*, fast_math: bool = True) -> list:
     """Everything before scheduling: tuning extracts its tasks after exactly these passes,
     so tuned workloads hash the same as the PrimFuncs a compile later looks up."""
     return [
+        # dequantize -> matmul with a constant int8 weight (QDQ graphs) as an integer matmul
+        LowerQuantizedMatmul(),
         # attention as one kernel (CPU targets); before fast math rewrites its softmax
         FuseAttention(),
         # head splits/merges and q/k/v splits that FuseOps can fuse at a symbolic length

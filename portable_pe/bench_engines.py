@@ -1,0 +1,125 @@
+"""The engines `portable-pe bench` times: each one as its users run it.
+
+An engine is built once per bench (``make(ctx)``), then per cell ``prepare(inputs)``
+gives ``(run, fetch)``: run() is what gets timed, fetch(result) turns its result into
+numpy. ``ctx`` holds the bundles (``bundle``: float32, ``tuned``, ``int8``), the thread
+count and the pool mode:
+
+* ``default``: every engine's own defaults at an equal thread count: onnxruntime spins
+  its intra-op pool, OpenVINO runs its CPU plugin's latency defaults, TVM and torch keep
+  their pools' default spin. Engines are timed in blocks (bench.time_in_blocks), so an
+  engine's spinning pool only ever competes with itself.
+* ``passive``: idle workers sleep (threads.set_threads' passive settings,
+  onnxruntime ``allow_spinning=0``), for machines shared with other work.
+
+The int8 engines run the int8 bundle: its model.onnx is the quantized (QDQ) graph, the
+same one TVM compiled, so onnxruntime and OpenVINO quantize nothing themselves.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .io_names import HIDDEN
+
+NO_TUNING = "n/a (no tuning database)"
+NO_INT8 = "n/a (no int8 bundle)"
+POOLS = ("default", "passive")
+
+
+def torch_engine(ctx: dict, *, compiled: bool):
+    import torch
+    from .graphs import GraphSpec
+    spec = ctx["bundle"].manifest["graph"]["spec"]
+    if spec is None:
+        raise ValueError("the graph came as an ONNX file: there is no PyTorch model to run")
+    model = GraphSpec.from_dict(spec, source="bundle manifest").build().eval()
+    if compiled:  # static shapes: inductor's best case, one compile per cell (in warm-up)
+        model = torch.compile(model, dynamic=False)
+
+    def prepare(inputs):
+        feeds = {k: torch.from_numpy(v) for k, v in inputs.items()}
+
+        def run():
+            with torch.inference_mode():
+                return model(**feeds)
+        return run, lambda out: {HIDDEN: out.numpy()}
+    return prepare
+
+
+def _bundle(ctx: dict, key: str):
+    bundle = ctx.get(key)
+    if bundle is None:
+        raise LookupError(NO_TUNING if key == "tuned" else NO_INT8)
+    return bundle
+
+
+def ort_engine(ctx: dict, *, bundle: str = "bundle"):
+    from .simplify import ort_session
+    session = ort_session(_bundle(ctx, bundle).file("model.onnx"), threads=ctx["threads"],
+                          spin=ctx.get("pool", "default") != "passive")
+    names = [o.name for o in session.get_outputs()]
+
+    def prepare(inputs):
+        return (lambda: session.run(names, inputs)), (lambda out: dict(zip(names, out)))
+    return prepare
+
+
+def openvino_engine(ctx: dict, *, bundle: str = "bundle"):
+    """OpenVINO's CPU plugin on the bundle's model.onnx, at its defaults but for the thread
+    count (its default is every core)."""
+    try:
+        import openvino as ov
+    except ImportError:
+        raise RuntimeError("openvino is not installed (pip install openvino, pinned in pyproject.toml)") from None
+    path = _bundle(ctx, bundle).file("model.onnx")
+    compiled = ov.Core().compile_model(str(path), "CPU", {"INFERENCE_NUM_THREADS": ctx["threads"]})
+    request = compiled.create_infer_request()
+    names = [o.get_any_name() for o in compiled.outputs]
+
+    def prepare(inputs):
+        def fetch(result):
+            return {name: np.asarray(result[output]) for name, output in zip(names, compiled.outputs)}
+        return (lambda: request.infer(inputs)), fetch
+    return prepare
+
+
+def tvm_engine(ctx: dict, *, bundle: str = "bundle"):
+    import tvm
+    from .runtime import LocalRunner, entry_for
+    bundle = _bundle(ctx, bundle)
+    runner = LocalRunner(bundle)
+    inputs_order = [spec["name"] for spec in bundle.manifest["inputs"]]
+    outputs = [o["name"] for o in bundle.manifest["outputs"]]
+
+    def prepare(inputs):
+        # the tuned entry for exactly these shapes if the bundle has one (what run() would pick)
+        main = runner.vm[entry_for(bundle.manifest, inputs)]
+        args = [tvm.runtime.tensor(np.ascontiguousarray(inputs[n]), device=runner.device) for n in inputs_order]
+
+        def fetch(out):
+            values = [out] if hasattr(out, "numpy") else list(out)
+            return {name: v.numpy() for name, v in zip(outputs, values)}
+        return (lambda: main(*args)), fetch
+    return prepare
+
+
+ENGINES = {
+    "torch": lambda ctx: torch_engine(ctx, compiled=False),
+    "torch.compile": lambda ctx: torch_engine(ctx, compiled=True),
+    "onnxruntime": ort_engine,
+    "openvino": openvino_engine,
+    "tvm": tvm_engine,
+    "tvm-tuned": lambda ctx: tvm_engine(ctx, bundle="tuned"),
+    "onnxruntime-int8": lambda ctx: ort_engine(ctx, bundle="int8"),
+    "openvino-int8": lambda ctx: openvino_engine(ctx, bundle="int8"),
+    "tvm-int8": lambda ctx: tvm_engine(ctx, bundle="int8"),
+}
+
+#: engines that run the int8 bundle; each table's ratios are to its peer
+INT8_ENGINES = ("onnxruntime-int8", "openvino-int8", "tvm-int8")
+PEERS = {"fp32": "onnxruntime", "int8": "onnxruntime-int8"}
+
+
+def precision_of(engine: str) -> str:
+    return "int8" if engine in INT8_ENGINES else "fp32"

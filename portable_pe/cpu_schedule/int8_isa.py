@@ -1,0 +1,208 @@
+"""Which integer dot product a CPU target has, and the tensor intrinsics that use it.
+
+An int8 matmul micro-kernel multiplies a broadcast group of KG activations by a
+[LANES, KG] panel of weights into LANES int32 accumulators, one instruction per group:
+
+    isa            instruction                      operands        LANES  KG
+    avx512-vnni    vpdpbusd zmm                     uint8 x int8    16     4
+    avx-vnni       vpdpbusd ymm (VEX)               uint8 x int8     8     4
+    avx512bw       vpmaddwd zmm + vpaddd            int16 x int16   16     2
+    avx2           vpmaddwd ymm + vpaddd            int16 x int16    8     2
+    neon-i8mm      smmla v.4s: a 2 x 2 tile         int8 x int8      2     8   (2 rows)
+    neon-dotprod   sdot v.4s                        int8 x int8      4     4
+    neon           smlal (LLVM picks it; no intrin) int16 x int16    4     1
+
+smmla (FEAT_I8MM) multiplies two rows of 8 activations by two columns of 8 weights into
+a 2 x 2 int32 tile: 32 multiply-adds per instruction against sdot's 16. Its instruction
+covers ROWS = 2 rows of the register tile, so the schedule gives it a (2, LANES) block.
+
+Without VNNI, x86 has no exact 8-bit dot product: vpmaddubsw adds two uint8 x int8
+products into a saturating int16 (255 * 127 * 2 > 32767), which is why onnxruntime's
+U8S8 kernels lose accuracy on AVX2 machines. Widened to int16, vpmaddwd adds pairs into
+int32 exactly, and it retires as many multiply-adds per cycle as the vpmaddubsw +
+vpmaddwd pair it replaces. The activations are quantized to 8 bits either way; only the
+operand width in the kernel changes. aarch64 NEON without the dot product extension gets
+plain TIR (int16 operands) that LLVM turns into smlal by-element multiply-accumulates.
+
+The kernel's operand types decide how the Relax pass stores weights and converts the
+quantized activations (``quant_matmul``); the schedule rule (``int8_matmul``) tensorizes
+with ``intrin``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm.s_tir import TensorIntrin
+from tvm.script import tirx as T
+
+
+@dataclass(frozen=True)
+class Int8Isa:
+    name: str
+    a_dtype: str        # the activation operand in the kernel
+    w_dtype: str        # the weight operand (packed [N/NJ, K/KG, NJ, KG])
+    lanes: int          # int32 accumulators per instruction
+    kg: int             # reduction elements per accumulator per instruction
+    intrin: str | None  # registered TensorIntrin; None: plain TIR, LLVM picks instructions
+    tile_rows: int      # MI: rows of the register tile ...
+    tile_vectors: int   # ... by this many vectors of LANES int32 (fits the SIMD register file)
+    rows: int = 1       # tile rows one instruction covers (smmla: 2)
+
+
+def _features(target) -> set[str]:
+    from tvm.target.codegen import llvm_get_cpu_features
+    try:
+        return set(llvm_get_cpu_features(target))
+    except Exception:  # pylint: disable=broad-except
+        return set()
+
+
+def int8_isa(target) -> Int8Isa:
+    """The best integer dot product `target` has (by its LLVM CPU features)."""
+    features = _features(target)
+    triple = str(target.attrs.get("mtriple", "")) if target is not None else ""
+    if "aarch64" in triple or "arm64" in triple:
+        if "i8mm" in features:
+            return ISAS["neon-i8mm"]
+        if "dotprod" in features:
+            return ISAS["neon-dotprod"]
+        return ISAS["neon"]
+    if "avx512vnni" in features:
+        return ISAS["avx512-vnni"]
+    if "avxvnni" in features:
+        return ISAS["avx-vnni"]
+    if "avx512bw" in features:
+        return ISAS["avx512bw"]
+    if "avx2" in features:
+        return ISAS["avx2"]
+    return ISAS["generic"]
+
+
+# --------------------------------------------------------------------------------------
+# Tensor intrinsics: C[LANES] += sum_k A[k] * B[LANES, k], k < KG (A broadcast to every lane)
+# --------------------------------------------------------------------------------------
+def _desc(a_dtype: str, w_dtype: str, lanes: int, kg: int):
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (kg,), a_dtype, offset_factor=1)
+        B = T.match_buffer(b, (lanes, kg), w_dtype, offset_factor=1)
+        C = T.match_buffer(c, (lanes,), "int32", offset_factor=1)
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:kg], B[0:lanes, 0:kg])
+            T.writes(C[0:lanes])
+            for i, k in T.grid(lanes, kg):
+                with T.sblock("update"):
+                    vi, vk = T.axis.remap("SR", [i, k])
+                    C[vi] = C[vi] + T.Cast("int32", A[vk]) * T.Cast("int32", B[vi, vk])
+    return desc
+
+
+def _impl(a_dtype: str, w_dtype: str, lanes: int, kg: int, llvm_intrinsic: str, *, accumulates: bool):
+    """A group of KG activations read as one int32 and broadcast; the panel read as one
+    vector. ``accumulates``: the instruction adds into C itself (vpdpbusd, sdot);
+    otherwise its int32 result is added (vpmaddwd)."""
+    a_bits = {"uint8": 8, "int8": 8, "int16": 16}[a_dtype]
+    w_bits = {"int8": 8, "int16": 16}[w_dtype]
+    panel = 32 * lanes // w_bits  # operand elements in one vector of LANES int32
+    a_vec, w_vec, c_vec = f"{a_dtype}x{panel}", f"{w_dtype}x{panel}", f"int32x{lanes}"
+    assert a_bits * kg == 32 and w_bits * kg == 32
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (kg,), a_dtype, offset_factor=1)
+        B = T.match_buffer(b, (lanes, kg), w_dtype, offset_factor=1)
+        C = T.match_buffer(c, (lanes,), "int32", offset_factor=1)
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:kg], B[0:lanes, 0:kg])
+            T.writes(C[0:lanes])
+            a_group = T.reinterpret(A.vload([0], f"{a_dtype}x{kg}"), dtype="int32")
+            a_wide = T.reinterpret(T.broadcast(a_group, lanes), dtype=a_vec)
+            w_panel = B.vload([0, 0], dtype=w_vec)
+            if accumulates:
+                C[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
+                    T.llvm_lookup_intrinsic_id(llvm_intrinsic), C.vload([0], dtype=c_vec), a_wide, w_panel,
+                    dtype=c_vec)
+            else:
+                C[T.ramp(T.int32(0), 1, lanes)] = C.vload([0], dtype=c_vec) + T.call_llvm_pure_intrin(
+                    T.llvm_lookup_intrinsic_id(llvm_intrinsic), a_wide, w_panel, dtype=c_vec)
+    return impl
+
+
+def _register(name: str, a_dtype: str, w_dtype: str, lanes: int, kg: int, llvm_intrinsic: str, *,
+              accumulates: bool) -> str:
+    if TensorIntrin.get(name, allow_missing=True) is None:
+        TensorIntrin.register(name, _desc(a_dtype, w_dtype, lanes, kg),
+                              _impl(a_dtype, w_dtype, lanes, kg, llvm_intrinsic, accumulates=accumulates))
+    return name
+
+
+_VNNI512 = _register("portable_pe_vpdpbusd_16x4", "uint8", "int8", 16, 4, "llvm.x86.avx512.vpdpbusd.512",
+                     accumulates=True)
+_VNNI256 = _register("portable_pe_vpdpbusd_8x4", "uint8", "int8", 8, 4, "llvm.x86.avx512.vpdpbusd.256",
+                     accumulates=True)
+_PMADDWD512 = _register("portable_pe_vpmaddwd_16x2", "int16", "int16", 16, 2, "llvm.x86.avx512.pmaddw.d.512",
+                        accumulates=False)
+_PMADDWD256 = _register("portable_pe_vpmaddwd_8x2", "int16", "int16", 8, 2, "llvm.x86.avx2.pmadd.wd",
+                        accumulates=False)
+def _smmla_desc():
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
+        sa, sc = T.int64(), T.int64()
+        A = T.match_buffer(a, (2, 8), "int8", offset_factor=1, strides=[sa, 1])
+        B = T.match_buffer(b, (2, 8), "int8", offset_factor=1)
+        C = T.match_buffer(c, (2, 2), "int32", offset_factor=1, strides=[sc, 1])
+        with T.sblock("root"):
+            T.reads(C[0:2, 0:2], A[0:2, 0:8], B[0:2, 0:8])
+            T.writes(C[0:2, 0:2])
+            for i, j, k in T.grid(2, 2, 8):
+                with T.sblock("update"):
+                    vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                    C[vi, vj] = C[vi, vj] + T.Cast("int32", A[vi, vk]) * T.Cast("int32", B[vj, vk])
+    return desc
+
+
+def _smmla_impl():
+    """Two activation rows (8 bytes each, a row stride apart) and two weight columns
+    (16 contiguous bytes: the packed layout keeps a column's 8 reduction elements
+    together) into the 2 x 2 tile, whose rows lie a tile row apart."""
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+        sa, sc = T.int64(), T.int64()
+        A = T.match_buffer(a, (2, 8), "int8", offset_factor=1, strides=[sa, 1])
+        B = T.match_buffer(b, (2, 8), "int8", offset_factor=1)
+        C = T.match_buffer(c, (2, 2), "int32", offset_factor=1, strides=[sc, 1])
+        with T.sblock("root"):
+            T.reads(C[0:2, 0:2], A[0:2, 0:8], B[0:2, 0:8])
+            T.writes(C[0:2, 0:2])
+            rows = T.vectorcombine("int8x16", A.vload([0, 0], "int8x8"), A.vload([1, 0], "int8x8"))
+            tile = T.vectorcombine("int32x4", C.vload([0, 0], "int32x2"), C.vload([1, 0], "int32x2"))
+            out = T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id("llvm.aarch64.neon.smmla.v4i32.v16i8"),
+                                          tile, rows, B.vload([0, 0], "int8x16"), dtype="int32x4")
+            C[0, T.ramp(T.int64(0), 1, 2)] = T.vectorlow("int32x2", out)
+            C[1, T.ramp(T.int64(0), 1, 2)] = T.vectorhigh("int32x2", out)
+    return impl
+
+
+_SMMLA = "portable_pe_smmla_2x2x8"
+if TensorIntrin.get(_SMMLA, allow_missing=True) is None:
+    TensorIntrin.register(_SMMLA, _smmla_desc(), _smmla_impl())
+_SDOT = _register("portable_pe_sdot_4x4", "int8", "int8", 4, 4, "llvm.aarch64.neon.sdot.v4i32.v16i8",
+                  accumulates=True)
+
+#: every kernel variant by name (tests build each one; the CLI never picks one by hand)
+# Tiles: MI x NV accumulator registers, plus NV weight vectors, the broadcast activation
+# and, where the instruction does not accumulate, NV products in flight; the int32 tile
+# stays under 1 KiB (matmul._STACK_ARRAY_LIMIT_BYTES) so it is a stack array LLVM keeps
+# in registers.
+ISAS: dict[str, Int8Isa] = {
+    "avx512-vnni": Int8Isa("avx512-vnni", "uint8", "int8", 16, 4, _VNNI512, 7, 2),
+    "avx-vnni": Int8Isa("avx-vnni", "uint8", "int8", 8, 4, _VNNI256, 6, 2),
+    "avx512bw": Int8Isa("avx512bw", "int16", "int16", 16, 2, _PMADDWD512, 7, 2),
+    "avx2": Int8Isa("avx2", "int16", "int16", 8, 2, _PMADDWD256, 5, 2),
+    # smmla: 2 x 2 per instruction; an 8 x 8 tile is 16 accumulators, 4 weight and 4 row vectors
+    "neon-i8mm": Int8Isa("neon-i8mm", "int8", "int8", 2, 8, _SMMLA, 8, 4, rows=2),
+    "neon-dotprod": Int8Isa("neon-dotprod", "int8", "int8", 4, 4, _SDOT, 6, 4),
+    "neon": Int8Isa("neon", "int16", "int16", 4, 1, None, 6, 4),
+    "generic": Int8Isa("generic", "int16", "int16", 4, 1, None, 4, 2),
+}

@@ -1,0 +1,190 @@
+"""--precision int8: calibrated QDQ graphs, their matmuls as integer kernels per ISA, and
+int8 bundles checked against PyTorch float32 (onnxruntime's int8 side by side).
+
+Kernels run here for this machine's ISA and for the uint8 (VNNI-style) and int8
+(sdot-style) operand layouts through plain TIR; the VNNI and sdot instructions themselves
+are compiled and found in the assembly (they run on the emulated board for aarch64, see
+test_deploy.py; x86 VNNI needs a CPU that has it)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from portable_pe.cpu_schedule import int8_isa as isa_module
+from portable_pe.cpu_schedule.int8_isa import ISAS, Int8Isa
+from portable_pe.parity import TOLERANCES, check_bundle
+
+from conftest import TINY_SPEC
+
+K, N1, N2 = 64, 48, 32
+
+
+def _qdq_model(seed: int = 0) -> onnx.ModelProto:
+    """x -> Q/DQ -> MatMul(W1) + b1 -> Relu -> Q/DQ -> MatMul(W2): two int8 matmuls, the
+    second fed by a requantized activation, like an encoder's feed-forward block."""
+    rng = np.random.default_rng(seed)
+    w1 = rng.integers(-127, 128, (K, N1)).astype(np.int8)
+    w2 = rng.integers(-127, 128, (N1, N2)).astype(np.int8)
+    inits = [numpy_helper.from_array(a, n) for a, n in [
+        (w1, "w1"), (rng.uniform(1e-3, 4e-3, N1).astype(np.float32), "w1_s"), (np.zeros(N1, np.int8), "w1_z"),
+        (w2, "w2"), (rng.uniform(1e-3, 4e-3, N2).astype(np.float32), "w2_s"), (np.zeros(N2, np.int8), "w2_z"),
+        (np.float32(0.03), "x_s"), (np.int8(-7), "x_z"), (np.float32(0.02), "h_s"), (np.int8(-100), "h_z"),
+        (rng.standard_normal(N1).astype(np.float32), "b1")]]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "x_s", "x_z"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "x_s", "x_z"], ["xd"]),
+        helper.make_node("DequantizeLinear", ["w1", "w1_s", "w1_z"], ["w1d"], axis=1),
+        helper.make_node("MatMul", ["xd", "w1d"], ["m1"]),
+        helper.make_node("Add", ["m1", "b1"], ["a1"]),
+        helper.make_node("Relu", ["a1"], ["h"]),
+        helper.make_node("QuantizeLinear", ["h", "h_s", "h_z"], ["hq"]),
+        helper.make_node("DequantizeLinear", ["hq", "h_s", "h_z"], ["hd"]),
+        helper.make_node("DequantizeLinear", ["w2", "w2_s", "w2_z"], ["w2d"], axis=1),
+        helper.make_node("MatMul", ["hd", "w2d"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", K])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", N2])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+
+
+def _exact(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
+    """The QDQ graph's arithmetic in numpy: integer matmuls exact in int64, float64 after."""
+    w = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+
+    def quantize(v, s, z):  # ONNX QuantizeLinear: float32 division, round half to even, saturate
+        return np.clip(np.rint(v / s) + z, -128, 127).astype(np.int64)
+    xq = quantize(x, w["x_s"], w["x_z"]) - int(w["x_z"])
+    h = np.maximum((xq @ w["w1"].astype(np.int64)) * (np.float64(w["x_s"]) * w["w1_s"].astype(np.float64))
+                   + w["b1"], 0).astype(np.float32)
+    hq = quantize(h, w["h_s"], w["h_z"]) - int(w["h_z"])
+    return (hq @ w["w2"].astype(np.int64)) * (np.float64(w["h_s"]) * w["w2_s"].astype(np.float64))
+
+
+def _build(model, target):
+    import tvm
+    from portable_pe.backends.llvm import with_reassociation
+    from portable_pe.cpu_schedule import cpu_pipeline
+    from portable_pe.frontend import import_onnx
+    target = with_reassociation(tvm.target.Target(target))
+    return tvm.compile(import_onnx(model), target=target, relax_pipeline=cpu_pipeline(target))
+
+
+def _plain(a_dtype: str) -> Int8Isa:
+    """The uint8 (VNNI) or int8 (sdot) operand layout without the instruction: plain TIR."""
+    return Int8Isa(f"plain-{a_dtype}", a_dtype, "int8", 8, 4, None, 4, 2)
+
+
+@pytest.mark.parametrize("variant", ["host", "uint8", "int8"])
+def test_int8_kernels_compute_the_qdq_graph_exactly(variant, monkeypatch):
+    """Integer accumulation: the result is the QDQ graph's up to float rounding of the
+    final scale (dynamic T, rows that are no multiple of the tile, batch 2)."""
+    import tvm
+    from tvm import relax
+    if variant != "host":
+        for module in ("quant_matmul", "int8_matmul"):
+            monkeypatch.setattr(f"portable_pe.cpu_schedule.{module}.int8_isa", lambda target: _plain(variant))
+    model = _qdq_model()
+    vm = relax.VirtualMachine(_build(model, {"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()}),
+                              tvm.cpu())
+    rng = np.random.default_rng(1)
+    for batch, seq in [(1, 1), (2, 7), (1, 33)]:
+        x = rng.standard_normal((batch, seq, K)).astype(np.float32)
+        got = vm["main"](tvm.runtime.tensor(x)).numpy()
+        want = _exact(model, x)
+        assert got.shape == want.shape and got.dtype == np.float32
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+X86_KERNELS = [("znver4", "vpdpbusd", "zmm"), ("alderlake", "{vex}\tvpdpbusd", "ymm"), ("skylake-avx512", "vpmaddwd", "zmm"),
+               ("znver3", "vpmaddwd", "ymm")]
+
+
+@pytest.mark.parametrize("mcpu,instruction,register", X86_KERNELS, ids=[k[0] for k in X86_KERNELS])
+def test_x86_int8_kernels_use_the_dot_product_instruction(mcpu, instruction, register):
+    asm = _build(_qdq_model(), {"kind": "llvm", "mcpu": mcpu}).mod.imports[0].inspect_source("asm")
+    _assert_two_int8_kernels(asm)
+    # the module's only multiplies of integers are the two kernels' (their parallel bodies are
+    # local functions of their own, so the instruction is looked for in the whole module)
+    assert instruction in asm and any(instruction in line and f"%{register}" in line for line in asm.splitlines())
+
+
+@pytest.mark.parametrize("board_cpu,instruction", [("neoverse-v1", "smmla\t"), ("cortex-a76", "sdot\t"), ("cortex-a72", "smlal")])
+def test_aarch64_int8_kernels(board_cpu, instruction):
+    asm = _build(_qdq_model(), {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": board_cpu}
+                 ).mod.imports[0].inspect_source("asm")
+    _assert_two_int8_kernels(asm)
+    assert instruction in asm
+
+
+def _assert_two_int8_kernels(asm: str) -> None:
+    """Both matmuls are integer kernels, and the first one ends in the second's quantize."""
+    import re
+    kernels = set(re.findall(r"^(?:__tvm_ffi_)?(fused_int8_matmul\w*?)(?:_compute_)?:", asm, re.M))
+    assert len(kernels) == 2, kernels
+    assert len([k for k in kernels if "relu_quantize" in k]) == 1, kernels
+
+
+def test_isa_follows_the_cpu_features():
+    import tvm
+    cases = {"znver4": "avx512-vnni", "alderlake": "avx-vnni", "skylake-avx512": "avx512bw", "znver3": "avx2",
+             "x86-64": "generic"}
+    for mcpu, name in cases.items():
+        assert isa_module.int8_isa(tvm.target.Target({"kind": "llvm", "mcpu": mcpu})).name == name, mcpu
+    arm = {"mtriple": "aarch64-linux-gnu"}
+    assert isa_module.int8_isa(tvm.target.Target({"kind": "llvm", **arm, "mcpu": "neoverse-v1"})).name == "neon-i8mm"
+    assert isa_module.int8_isa(tvm.target.Target({"kind": "llvm", **arm, "mcpu": "cortex-a76"})).name == "neon-dotprod"
+    assert isa_module.int8_isa(tvm.target.Target({"kind": "llvm", **arm, "mattr": ["+neon"]})).name == "neon"
+    assert set(ISAS) == set(cases.values()) | {"neon-i8mm", "neon-dotprod", "neon"}
+
+
+# ------------------------------------------------------------------- int8 bundles
+def test_int8_bundle_parity_against_pytorch(tiny_int8_bundle):
+    m = tiny_int8_bundle.manifest
+    assert m["precision"] == "int8" and m["tolerance"]["float32"] == TOLERANCES["int8_linear"]
+    q = m["quantization"]
+    assert q["matmuls_int8"] == 8 and q["matmuls_float"] == 4, q  # 2 layers: q, k, v, out, up, down; QKᵀ, PV
+    assert q["calibration_lengths"][0] == 1
+    report = check_bundle(tiny_int8_bundle, lengths=(1, 33, 300), batch=2)
+    tvm_rows = [r for r in report.rows if r.candidate == "tvm"]
+    assert report.ok and len(tvm_rows) == 3 and all(r.ok and r.cosine >= 0.999 for r in tvm_rows)
+    peers = [r for r in report.rows if r.candidate == "onnxruntime"]
+    assert len(peers) == 3 and not any(r.gating for r in peers)  # shown side by side, not judged
+
+
+def test_int8_graph_quantizes_weight_matmuls_only(tiny_int8_bundle):
+    model = onnx.load(tiny_int8_bundle.file("model.onnx"))
+    producer = {o: n for n in model.graph.node for o in n.output}
+    consumers = {}
+    for n in model.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    matmuls = [n for n in model.graph.node if n.op_type == "MatMul"]
+    quantized = [n for n in matmuls if all(producer.get(i) is not None and producer[i].op_type == "DequantizeLinear"
+                                           for i in n.input)]
+    assert len(quantized) == 8 and len(matmuls) == 12
+    for n in quantized:  # float outputs: no re-quantization before the bias and residual
+        assert all(c.op_type != "QuantizeLinear" for c in consumers.get(n.output[0], [])), n.name
+
+
+def test_precision_is_checked_per_target(tmp_path):
+    from portable_pe.compile import compile_graph
+    with pytest.raises(ValueError, match=r"target 'cuda' builds precision fp32, not 'int8'"):
+        compile_graph(str(TINY_SPEC), target="cuda", precision="int8", out=tmp_path / "b", log=lambda m: None)
+    with pytest.raises(ValueError, match=r"target 'npu' builds precision int8, not 'fp32'"):
+        compile_graph(str(TINY_SPEC), target="npu", precision="fp32", out=tmp_path / "b", log=lambda m: None)
+    with pytest.raises(ValueError, match=r"unknown precision 'int4'; valid: fp32, int8"):
+        compile_graph(str(TINY_SPEC), target="llvm", precision="int4", out=tmp_path / "b", log=lambda m: None)
+    assert not (tmp_path / "b").exists()
+
+
+def test_cli_precision_choices_and_exit_code(capsys):
+    from portable_pe.cli import main
+    from portable_pe.quant import PRECISIONS
+    assert main(["compile", str(TINY_SPEC), "--target", "cuda", "--precision", "int8"]) == 2
+    assert "builds precision fp32, not 'int8'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["compile", str(TINY_SPEC), "--precision", "int4"])
+    assert "choose from " + ", ".join(f"'{p}'" for p in PRECISIONS) in capsys.readouterr().err
