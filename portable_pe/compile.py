@@ -353,6 +353,9 @@ def describe_io(model: onnx.ModelProto, spec: GraphSpec | None) -> dict:
             if isinstance(d, str) and d not in dims:
                 role = "batch" if axis == 0 and len(spec_io["dims"]) >= 2 else "seq"
                 dims[d] = {"role": role, "min": 1, "max": 4096}
+    from .kv_cache import past_dims
+    for d in past_dims(inputs, outputs):  # a KV cache's past length: 0 at the prefill
+        dims[d]["min"] = 0
     if spec is not None:
         dims = {"batch": {"role": "batch", "min": 1, "max": spec.max_batch},
                 "seq": {"role": "seq", "min": 1, "max": spec.max_length}}
