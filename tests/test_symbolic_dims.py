@@ -215,3 +215,29 @@ def test_compound_dims_are_followed(case):
             np.testing.assert_allclose(g.numpy(), w, atol=1e-5, rtol=1e-5)
         for w, legal in zip(want, ort.InferenceSession(leg.SerializeToString()).run(None, feeds)):
             np.testing.assert_allclose(legal, w, atol=1e-6, rtol=0)  # legalize kept the meaning
+
+
+def test_inspect_names_the_first_node_it_cannot_follow(tmp_path, capsys):
+    """A length that depends on the data (NonZero) cannot be an expression of the input
+    dims: inspect names that node and what it saw, before any compile."""
+    from portable_pe.cli import main as cli
+    x = oh.make_tensor_value_info("x", TP.FLOAT, [1, "T"])
+    nodes = _shape_of("x", 1, "t") + [
+        oh.make_node("Add", ["t", "one"], ["t1"]),
+        oh.make_node("Unsqueeze", ["t1", "zero1"], ["t1u"]),
+        oh.make_node("ConstantOfShape", ["t1u"], ["ramp"], value=nh.from_array(np.array([1.0], np.float32))),
+        oh.make_node("Greater", ["x", "zerof"], ["positive"], name="is_positive"),
+        oh.make_node("NonZero", ["positive"], ["where_positive"], name="find_positive"),
+        oh.make_node("Shape", ["where_positive"], ["n"], start=1, end=2),
+        oh.make_node("ConstantOfShape", ["n"], ["y"], value=nh.from_array(np.array([1.0], np.float32))),
+        oh.make_node("ReduceSum", ["ramp"], ["total"], keepdims=0),
+        oh.make_node("Add", ["y", "total"], ["out"]),
+    ]
+    inits = [_c("one", 1), _c("zero1", [0]), _c("zerof", 0.0, np.float32)]
+    path = tmp_path / "nonzero.onnx"
+    onnx.save(_model(nodes, [x], {"out": 1}, inits), str(path))
+    assert cli(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert ("shapes: cannot follow node find_positive (NonZero): output dims of where_positive "
+            "are not expressions of the input dims") in out, out
+    assert "it saw positive: [1, T]" in out and "it gives where_positive: [2, ?]" in out, out
