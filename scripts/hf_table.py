@@ -221,6 +221,7 @@ def main() -> int:
     parser.add_argument("--blocks", type=int, default=10)
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--out", type=Path, default=Path("scripts/results/hf"))
+    parser.add_argument("--work", type=Path, help="folder for the exports and bundles (default: a temporary one)")
     args = parser.parse_args()
     import torch
     import transformers
@@ -238,7 +239,8 @@ def main() -> int:
         (args.out / "hf_table.md").write_text(to_markdown(result))
 
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
+        work = args.work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
         for arch in archs:
             for key in exports:
                 row = table_row(arch, key, work)

@@ -29,14 +29,16 @@ def cache_names(n_layers: int) -> tuple[list[str], list[str]]:
 
 
 class LastHidden(torch.nn.Module):
-    """input_ids -> last_hidden_state, no cache."""
+    """input_ids -> last_hidden_state. ``use_cache=False`` by default; ``None`` leaves the
+    model's default (a decoder then builds a cache it does not return)."""
 
-    def __init__(self, model):
+    def __init__(self, model, *, use_cache: bool | None = False):
         super().__init__()
         self.model = model
+        self.use_cache = use_cache
 
     def forward(self, input_ids):
-        kwargs = {"use_cache": False} if _takes(self.model, "use_cache") else {}
+        kwargs = {"use_cache": self.use_cache} if self.use_cache is not None and _takes(self.model, "use_cache") else {}
         return self.model(input_ids=input_ids, **kwargs).last_hidden_state
 
 
@@ -85,7 +87,10 @@ def export_hf(model, path: str | Path, *, exporter: str = "dynamo", opset: int =
         module, args = WithCache(model).eval(), (ids, *past)
         inputs, outputs = ["input_ids", *past_names], ["last_hidden_state", *present_names]
     else:
-        module, args = LastHidden(model).eval(), (ids,)
+        # With use_cache=False transformers' masks check for packed sequences with
+        # torch.diff, which the TorchScript exporter has no symbolic for; with a cache
+        # (the default) they do not, and the hidden states are the same.
+        module, args = LastHidden(model, use_cache=False if exporter == "dynamo" else None).eval(), (ids,)
         inputs, outputs, past_names, present_names = ["input_ids"], ["last_hidden_state"], [], []
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
