@@ -189,6 +189,9 @@ def cmd_run(args) -> int:
     out = output_file(args.out, kind="npz", option="--out", protect=(Path(args.inputs),))
     bundle = load_bundle(args.bundle)
     inputs = load_npz_inputs(args.inputs)
+    if args.past:
+        from .kv_cache import past_inputs
+        inputs = {**past_inputs(bundle, args.past, batch=next(iter(inputs.values())).shape[0]), **inputs}
     outputs = run_local(bundle, inputs)
     buf = io.BytesIO()
     np.savez(buf, **outputs)  # to a buffer: savez given a path would add ".npz" to it
@@ -214,6 +217,7 @@ def inspect_onnx(path: Path) -> int:
             dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type) if vi.type.tensor_type.elem_type else "?"
             print(f"  {kind:6} {vi.name}: {dtype}[{', '.join(map(str, dims))}]")
     print("  ops: " + ", ".join(f"{op} x{n}" for op, n in Counter(n.op_type for n in model.graph.node).most_common()))
+    _print_shape_following(model)
     blocked = blocking_nodes(model)
     if not blocked:
         print("  import: every node has a converter (TVM's or portable-pe's)")
@@ -222,6 +226,20 @@ def inspect_onnx(path: Path) -> int:
     for b in blocked:
         print(f"    {b['node']}: {b['op']} ({b['domain'] or 'ai.onnx'} opset {b['opset']}): {b['reason']}")
     return 1
+
+
+def _print_shape_following(model) -> None:
+    """The first node whose dims legalize cannot follow, with what it saw."""
+    from .legalize.follow import first_unfollowed, input_dims
+    lost = first_unfollowed(model)
+    if lost is None:
+        print(f"  shapes: every node's dims are expressions of the input dims ({', '.join(input_dims(model)) or 'all static'})")
+        return
+    print(f"  shapes: cannot follow node {lost['node']} ({lost['op']}): {lost['why']}")
+    for line in lost["inputs"]:
+        print(f"    it saw {line}")
+    for line in lost["outputs"]:
+        print(f"    it gives {line}")
 
 
 def cmd_inspect(args) -> int:
@@ -382,6 +400,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("bundle")
     p.add_argument("--inputs", required=True, help=".npz with one array per model input")
     p.add_argument("--out", required=True, help=".npz to write the named outputs to")
+    p.add_argument("--past", metavar="PREV.npz|empty", help="a KV-cache bundle: the previous step's --out "
+                   "(its present.N.key/value become this step's past inputs), or 'empty' for the prefill")
 
     p = sub.add_parser("inspect", help="show a bundle's manifest (verifies checksums), or what an "
                                        ".onnx file holds and which nodes would block its compile")

@@ -117,3 +117,39 @@ def test_the_shipped_encoder_runs_one_attention_kernel_per_layer():
     with state.tvm_target:
         fused = tvm.transform.Sequential(fusion_passes())(state.relax)
     assert fused.script().count("fused_attention") - text.count("fused_attention") >= state.spec.model.n_layers
+
+
+def _sdpa_decomposition():
+    """torch's SDPA as the opset-18 exporter writes it: q and kᵀ each scaled by
+    sqrt(SCALE), a float mask added, where(isnan(p), 0, p) after the softmax."""
+    b, t = tirx.Var("b", "int64"), tirx.Var("t", "int64")
+    q, k, v = (relax.Var(n, relax.TensorType([b, H, t, D], "float32")) for n in "qkv")
+    mask = relax.Var("mask", relax.TensorType([b, 1, t, t], "float32"))
+    root = relax.const(np.sqrt(SCALE), "float32")
+    bb = relax.BlockBuilder()
+    with bb.function("main", [q, k, v, mask]):
+        with bb.dataflow():
+            kt = bb.emit(relax.op.multiply(relax.op.permute_dims(k, [0, 1, 3, 2]), root))
+            s = bb.emit(relax.op.add(relax.op.matmul(bb.emit(relax.op.multiply(q, root)), kt), mask))
+            p = bb.emit(relax.op.nn.softmax(s))
+            p = bb.emit(relax.op.where(relax.op.isnan(p), relax.const(0.0, "float32"), p))
+            y = bb.emit_output(relax.op.matmul(p, v))
+        bb.emit_func_output(y)
+    return bb.get()
+
+
+def test_torch_sdpa_decomposition_is_one_kernel_and_zeroes_fully_masked_rows():
+    module = _sdpa_decomposition()
+    names = _kernel_names(module)
+    assert "fused_attention" in names and not [n for n in names if "softmax" in n or "matmul" in n], names
+    vm = relax.VirtualMachine(tvm.compile(module, target=HOST, relax_pipeline=cpu_pipeline(HOST)), tvm.cpu())
+    rng = np.random.default_rng(2)
+    for b, t in [(1, 1), (2, 9), (1, 77)]:
+        q, k, v = (rng.standard_normal((b, H, t, D), dtype=np.float32) for _ in range(3))
+        mask = np.where(np.tril(np.ones((t, t), bool)), 0, -np.inf).astype(np.float32)[None, None].repeat(b, 0)
+        mask[0, 0, t // 2] = -np.inf  # a fully masked row: NaN from softmax, then 0
+        got = vm["main"](*[tvm.runtime.tensor(a, tvm.cpu()) for a in (q, k, v, mask)]).numpy()
+        with np.errstate(invalid="ignore"):
+            want = np.nan_to_num(_reference(q, k, v, mask), nan=0.0)
+        assert np.isfinite(got).all()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)

@@ -67,13 +67,15 @@ def _fast_exp(x):
 
 @functools.lru_cache(maxsize=None)  # parsing the TVMScript takes ~0.15 s; PrimFuncs are immutable
 def attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float, mi: int, nj: int, ec: int,
-                     bias_dims: tuple[str, ...] = ("1",)):
+                     bias_dims: tuple[str, ...] = ("1",), zero_dead_rows: bool = False):
     """The fused PrimFunc for static heads / head dims and symbolic batch and lengths.
 
     ``bias_dims`` names the bias's dims, right-aligned against the scores [B, H, T, S]:
     "b", "h", "t", "s" for a dim it has, "1" for one it broadcasts (size 1), e.g.
     ("h", "t", "s") for a T5 or ALiBi table shared by the batch, ("1",) for no bias (a
     one-element zero). MI x NJ is the score tile, MI x EC the output tile.
+    ``zero_dead_rows``: a row whose scores are all -inf (fully masked) gives zeros, as
+    ``where(isnan(softmax(s)), 0, softmax(s))`` (torch's SDPA decomposition) does, not NaN.
     """
     from tvm.script import tirx as T
 
@@ -155,6 +157,8 @@ def attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float, mi: i
                     row_max[r] = T.max(row_max[r], lane[l])
                 for l in T.vectorized(nj):
                     lane[l] = T.float32(0)
+                if zero_dead_rows:  # -inf - -inf would be NaN: every p of a dead row becomes 0
+                    row_max[r] = T.max(row_max[r], T.float32(-3.4028234663852886e38))
                 for jb in range(s_pad // nj):
                     for l in T.vectorized(nj):
                         p[r, jb * nj + l] = _fast_exp(p[r, jb * nj + l] - row_max[r])
@@ -162,7 +166,11 @@ def attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float, mi: i
                 row_inv[r] = T.float32(0)
                 for l in range(nj):
                     row_inv[r] = row_inv[r] + lane[l]
-                row_inv[r] = T.float32(1) / row_inv[r]
+                if zero_dead_rows:
+                    row_inv[r] = T.if_then_else(row_inv[r] > T.float32(0), T.float32(1) / row_inv[r],
+                                                T.float32(0))
+                else:
+                    row_inv[r] = T.float32(1) / row_inv[r]
             # 3. out = p · v / row sum, EC output columns at a time
             for c in range(n_ec):
                 for r in T.unroll(mi):
@@ -219,27 +227,54 @@ class _AttentionFuser(relax.PyExprMutator):  # pylint: disable=abstract-method
             fused = None
         return call if fused is None else fused
 
+    def _dead_rows_zeroed(self, probs):
+        """(softmax output, True) for where(isnan(p), 0, p); (probs, False) otherwise."""
+        where = self._bound(probs, "relax.where")
+        if where is None:
+            return probs, False
+        cond, zero, p = where.args
+        isnan = self._bound(cond, "relax.isnan")
+        if isnan is None or not isnan.args[0].same_as(p) or _scalar_constant(zero) != 0.0:
+            return None, False
+        return p, True
+
+    def _scaled_qk(self, logits):
+        """(q, kt, scale) for matmul(q, kt) · c, or for matmul(q · a, kt · b) (torch's SDPA
+        decomposition scales each side by sqrt(scale)); None otherwise."""
+        scaled = self._bound(logits, "relax.multiply")
+        scale = 1.0
+        if scaled is not None:
+            scale, logits = _scalar_constant(scaled.args[1]), scaled.args[0]
+        qk = self._bound(logits, "relax.matmul")
+        if scale is None or qk is None:
+            return None
+        sides = list(qk.args)
+        for k, side in enumerate(sides):
+            mul = self._bound(side, "relax.multiply")
+            factor = _scalar_constant(mul.args[1]) if mul is not None else None
+            if factor is not None:
+                sides[k], scale = mul.args[0], scale * factor
+        return sides[0], sides[1], scale
+
     def _fuse(self, pv):
-        softmax = self._bound(pv.args[0], "relax.nn.softmax")
+        probs, zero_dead_rows = self._dead_rows_zeroed(pv.args[0])
+        softmax = self._bound(probs, "relax.nn.softmax") if probs is not None else None
         if softmax is None:
             return None
         logits, bias = softmax.args[0], None
         add = self._bound(logits, "relax.add")
         if add is not None:
             for a, b in (add.args, add.args[::-1]):
-                if self._bound(a, "relax.multiply") is not None:
+                if self._bound(a, "relax.multiply") is not None or self._bound(a, "relax.matmul") is not None:
                     logits, bias = a, b
                     break
             else:
                 return None
-        scaled = self._bound(logits, "relax.multiply")
-        if scaled is None:
+        found = self._scaled_qk(logits)
+        if found is None:
             return None
-        scale = _scalar_constant(scaled.args[1])
-        qk = self._bound(scaled.args[0], "relax.matmul")
-        if scale is None or qk is None:
-            return None
-        q, kt, v = qk.args[0], qk.args[1], pv.args[1]
+        q, kt, scale = found
+        v = pv.args[1]
         infos = [_tensor_type(x) for x in (q, kt, v, pv)]
         if any(i is None for i in infos) or any(dt != "float32" or len(shape) != 4 for dt, shape in infos):
             return None
@@ -262,10 +297,10 @@ class _AttentionFuser(relax.PyExprMutator):  # pylint: disable=abstract-method
         if bias is None:
             bias = relax.const(np.zeros((1,), "float32"))
         ec = 2 * self.lanes if e % (2 * self.lanes) == 0 else self.lanes
-        key = (heads, d, e, scale, self.mi, self.nj, ec, layout)
+        key = (heads, d, e, scale, self.mi, self.nj, ec, layout, zero_dead_rows)
         if key not in self.kernels:
             func = attention_kernel(heads=heads, qk_dim=d, v_dim=e, scale=scale, mi=self.mi, nj=self.nj, ec=ec,
-                                    bias_dims=layout)
+                                    bias_dims=layout, zero_dead_rows=zero_dead_rows)
             self.kernels[key] = self.builder_.add_func(func, "fused_attention")
         self.fused += 1
         out = relax.TensorType([qs[0], qs[1], qs[2], vs[3]], "float32")

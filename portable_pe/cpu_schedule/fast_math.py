@@ -1,4 +1,4 @@
-"""Relax-level fast math: ``CPUFastMath`` rewrites float32 gelu/softmax/exp/erf/tanh
+"""Relax-level fast math: ``CPUFastMath`` rewrites float32 gelu/softmax/exp/erf/tanh/sigmoid
 to TOPI's vectorizable approximations (applied before legalization)."""
 
 from __future__ import annotations
@@ -25,6 +25,15 @@ def _fast_gelu_te(x):
                         name="gelu_scaled")
     erf = topi.fast_erf(scaled)
     return te.compute(x.shape, lambda *i: x(*i) * (half + half * erf(*i)), name="gelu_out")
+
+
+def _fast_sigmoid_te(x):
+    """1 / (1 + exp(-x)) with TOPI's fast_exp (SiLU gates: Llama-style MLPs)."""
+    from tvm import te, topi  # pylint: disable=import-outside-toplevel
+
+    one = tvm.tirx.const(1.0, x.dtype)
+    e = topi.fast_exp(te.compute(x.shape, lambda *i: -x(*i), name="sigmoid_neg"))
+    return te.compute(x.shape, lambda *i: one / (one + e(*i)), name="sigmoid_out")
 
 
 @relax.expr_functor.mutator
@@ -54,6 +63,8 @@ class _FastMathMutator(relax.PyExprMutator):  # pylint: disable=abstract-method
             return self.builder_.call_te(topi.fast_exp, call.args[0], primfunc_name_hint="fast_exp")
         if name == "relax.erf":
             return self.builder_.call_te(topi.fast_erf, call.args[0], primfunc_name_hint="fast_erf")
+        if name == "relax.sigmoid":
+            return self.builder_.call_te(_fast_sigmoid_te, call.args[0], primfunc_name_hint="fast_sigmoid")
         if name == "relax.tanh":
             return self.builder_.call_te(topi.fast_tanh, call.args[0], primfunc_name_hint="fast_tanh")
         return call
@@ -61,7 +72,7 @@ class _FastMathMutator(relax.PyExprMutator):  # pylint: disable=abstract-method
 
 @tvm.transform.module_pass(opt_level=0, name="CPUFastMath")
 class CPUFastMath:  # pylint: disable=too-few-public-methods
-    """Rewrite float32 gelu/softmax/exp/erf/tanh to vectorizable approximations."""
+    """Rewrite float32 gelu/softmax/exp/erf/tanh/sigmoid to vectorizable approximations."""
 
     def transform_module(self, mod: IRModule, _ctx) -> IRModule:
         return _mutate_relax_functions(_FastMathMutator(mod), mod, skip_failures="fast math")

@@ -53,6 +53,21 @@ def _vectorize_partial_sums(sch, partial, row) -> None:
     sch.vectorize(sch.get_loops(init)[-1])
 
 
+def _same_leading_extents(sch, blk, out_loops) -> int:
+    """How many leading loops of `blk` span the same extents as the output's: the row
+    loops. A norm written with keepdims (``mean(x ** 2, -1, keepdims=True)``, RMSNorm
+    as opset 18 exports it) has a unit spatial loop where the row's elements run;
+    counting it as a row loop computed the mean once per element (256x the work)."""
+    import tvm  # pylint: disable=import-outside-toplevel
+    ana = tvm.sym.Analyzer()
+    n = 0
+    for mine, theirs in zip(sch.get_loops(blk), out_loops):
+        if not ana.can_prove_equal(sch.get(mine).extent, sch.get(theirs).extent):
+            break
+        n += 1
+    return n
+
+
 # --------------------------------------------------------------------------------------
 # Rule: row reductions (softmax / norms)
 # --------------------------------------------------------------------------------------
@@ -90,6 +105,8 @@ def _schedule_reduction_chain(sch, blocks, target):
     out_loops = sch.get_loops(out_block)
     if len(out_loops) < n_rows:
         n_rows = len(out_loops)
+    for blk in blocks[:-1]:
+        n_rows = min(n_rows, _same_leading_extents(sch, blk, out_loops))
     if not n_rows:
         return False
     blocks, partials = _split_row_sums(sch, blocks, lanes)

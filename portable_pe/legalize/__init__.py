@@ -8,26 +8,30 @@ tensor whose shape it lost) yields fresh, unrelated symbolic variables; a later
 broadcast against the real sequence axis then loses the shape and a ``-1`` reshape
 fails ("Reshape expects the input tensor to have known shape").
 
-``legalize`` evaluates every small integer/shape computation of the graph
-symbolically (sympy, dims of the graph inputs as symbols), then:
+``legalize`` follows every tensor's shape symbolically (sympy, the dims of the graph
+inputs as symbols: ``T + 1``, ``past + T``, ``ceil(T / 4) * 4`` stay exact where ONNX's
+own inference writes ``unk__``), evaluates the graph's small integer computations, then:
 
 * folds computations whose value is a plain constant into initializers;
-* rebuilds every shape operand (Reshape/Expand/ConstantOfShape/Tile shape inputs)
-  as ``Concat(Shape(input, start=i, end=i+1) | constant ...)`` -- the form the
-  importer turns into a ``ShapeExpr`` over the graph inputs' symbolic dims
-  (a dim that is a compound expression becomes ``-1`` in Reshape or ``1`` in Expand
-  when that is exact);
+* rebuilds every operand where such a value leaves the shape computation: a shape,
+  bound or size (Reshape, Expand, ConstantOfShape, Tile, Slice, Split, ...) as a dim
+  program the importer reads as a ``ShapeExpr`` of the input dims (``dimexpr``), a
+  data operand (a position offset, a mask bound) as a tensor of the same values;
 * replaces ``Range(start, limit, delta)`` whose length depends on an input dim by
   ``ConstantOfShape([n]) -> CumSum -> Add``, which keeps the length tied to the
-  input's dim (TVM's Range converter always invents a fresh length variable);
+  input's dims (TVM's Range converter always invents a fresh length variable);
+* writes a constant Pad by symbolic amounts as Concat with ConstantOfShape blocks;
 * removes the dead remains.
 
 Nothing is fixed to a size: batch and sequence axes stay dynamic.
 
 Modules
 -------
-``symbolic``  ``_Sym``: sympy evaluation of the graph's small integer/shape values
-``rewrite``   ``_Rewriter``: rebuilds shape operands and Ranges, folds constants
+``shapes``    ``SHAPE_RULES``: symbolic output shapes per op
+``symbolic``  ``_Sym``: shapes of every tensor, values of the small integer ones
+``dimexpr``   ``DimEmitter``: a dim expression as importer-friendly ONNX nodes
+``rewrite``   ``_Rewriter``: rebuilds operands, Ranges and Pads, folds constants
+``follow``    ``first_unfollowed``: the first node whose shape cannot be followed
 ``graph``     shape inference, dead-code removal, input-shape overrides
 """
 

@@ -1,8 +1,13 @@
 """Graph rewriting from the symbolic values: importer-friendly shape operands and Ranges.
 
-``_Rewriter`` rebuilds shape operands as ``Concat(Shape(input, start=i, end=i+1) |
-constant ...)``, turns input-dependent ``Range`` into ``ConstantOfShape -> CumSum ->
-Add``, and folds small constant integer computations into initializers.
+``_Rewriter`` finds the places where a small integer value that is a function of the
+input dims leaves the shape computation: a shape or index operand (``SHAPE_INPUTS``:
+Reshape, Expand, ConstantOfShape, Tile, Slice, Pad, Split, ...) gets a dim program
+(``dimexpr.DimEmitter.vector``) the importer reads as a ShapeExpr; any other operand (a
+position offset, a mask bound) gets the same values as a plain tensor. Input-dependent
+``Range`` becomes ``ConstantOfShape -> CumSum -> Add``, which keeps its length tied to the
+input dims. Small constant integer computations fold into initializers. What fed the
+rewritten operands is left for dead-code removal.
 """
 
 from __future__ import annotations
@@ -15,13 +20,20 @@ import onnx
 import sympy
 from onnx import helper, numpy_helper
 
-from .symbolic import _is_int_elem, _rational, _Sym
+from .dimexpr import DimEmitter, NotExpressible
+from .symbolic import _rational, _Sym
 
-_SHAPE_OPERANDS = {  # op_type -> input indices that are shapes
+SHAPE_INPUTS = {  # op_type -> input indices read as shapes, bounds or sizes
     "Reshape": (1,),
     "Expand": (1,),
     "ConstantOfShape": (0,),
     "Tile": (1,),
+    "Slice": (1, 2, 3, 4),
+    "Pad": (3,),  # symbolic pads: rewrite_pad
+    "Split": (1,),
+    "TopK": (1,),
+    "OneHot": (1,),
+    "Resize": (3,),
 }
 
 
@@ -41,7 +53,9 @@ class _Rewriter:
         used |= {i.name for i in self.g.initializer} | {i.name for i in self.g.input}
         self._names = used
         self._k = 0
-        self._forced = {n: True for n in used if n.startswith("ppe_shape_")}
+        self._init_names = {i.name for i in self.g.initializer}
+        self.dims = DimEmitter(self)
+        self.unexpressed: list[tuple[onnx.NodeProto, int, str]] = []  # (node, input, why)
 
     def fresh(self, base: str) -> str:
         while True:
@@ -57,46 +71,6 @@ class _Rewriter:
         if key not in self.cache:
             name = self.fresh("const")
             self.inits.append(numpy_helper.from_array(arr, name))
-            self.cache[key] = name
-        return self.cache[key]
-
-    def dim_piece(self, e) -> str | None:
-        """1-element int64 tensor holding dim expression e, in an importer-friendly form."""
-        if e.is_number:
-            return self.const(np.array([int(e)], np.int64))
-        if isinstance(e, sympy.Symbol) and e in self.sym.src:
-            src, ax = self.sym.src[e]
-            key = ("dim", src, ax)
-            if key not in self.cache:
-                name = self.fresh("dim")
-                self.prefix.append(
-                    helper.make_node("Shape", [src], [name], start=ax, end=ax + 1, name=name)
-                )
-                self.cache[key] = name
-            return self.cache[key]
-        return None
-
-    def shape_tensor(self, dims: list, force_concat: bool = False) -> str | None:
-        if force_concat and all(d.is_number for d in dims):
-            key = ("forced", tuple(int(d) for d in dims))
-            if key not in self.cache:
-                name = self.fresh("shape")
-                c = self.const(np.array([int(d) for d in dims], np.int64))
-                self.prefix.append(helper.make_node("Concat", [c], [name], axis=0, name=name))
-                self.cache[key] = name
-            return self.cache[key]
-        if all(d.is_number for d in dims):
-            return self.const(np.array([int(d) for d in dims], np.int64))
-        pieces = [self.dim_piece(d) for d in dims]
-        if any(p is None for p in pieces):
-            return None
-        key = ("shape", tuple(pieces))
-        if key not in self.cache:
-            name = self.fresh("shape")
-            if len(pieces) == 1:
-                self.cache[key] = pieces[0]
-                return pieces[0]
-            self.prefix.append(helper.make_node("Concat", pieces, [name], axis=0, name=name))
             self.cache[key] = name
         return self.cache[key]
 
@@ -116,106 +90,78 @@ class _Rewriter:
             self.g.initializer.extend(self.inits)
         return self.changed
 
+    def dry_run(self) -> dict[int, tuple[int, str]]:
+        """{node index: (input index, why)} for operands no dim program expresses; the
+        graph is not changed."""
+        found = {}
+        for index, node in enumerate(self.g.node):
+            before = len(self.unexpressed)
+            self.rewrite(node)
+            if len(self.unexpressed) > before:
+                _, k, why = self.unexpressed[before]
+                found[index] = (k, why)
+        return found
+
     def rewrite(self, node: onnx.NodeProto):
-        if node.domain not in ("", "ai.onnx"):
+        if node.domain not in ("", "ai.onnx") or node.op_type in ("Shape", "Constant"):
             return None
-        sym = self.sym
-        op = node.op_type
-        if op == "Range":
+        if node.op_type == "Range":
             return self.rewrite_range(node)
-        if op in _SHAPE_OPERANDS:
-            idx = _SHAPE_OPERANDS[op][0]
-            if idx >= len(node.input) or not node.input[idx]:
-                return None
-            name = node.input[idx]
-            val = sym.val.get(name)
-            if val is None or val.ndim != 1:
-                return None
-            # TVM's Expand with a constant shape needs a static input shape; a shape
-            # that is a Concat becomes a ShapeExpr, which handles symbolic inputs.
-            force = op == "Expand" and not _static(sym.shape.get(node.input[0]))
-            if _is_initializer_like(self.g, name, self.cache) and not force:
-                return None
-            if force and self._forced.get(name) is not None:
-                return None
-            dims = list(val)
-            if op == "Reshape":
-                dims = self.fix_reshape_dims(node, dims)
-            elif op == "Expand":
-                dims = self.fix_expand_dims(node, dims)
-            if dims is None:
-                return None
-            t = self.shape_tensor(dims, force_concat=force)
-            if force:
-                self._forced[t] = True
-            if t is None or t == name:
-                return None
-            new = copy.deepcopy(node)
-            new.input[idx] = t
-            return [new]
-        # fold small constant int computations consumed elsewhere (e.g. Slice ends)
-        changed = False
-        new = copy.deepcopy(node)
+        if node.op_type == "Pad":
+            padded = self.rewrite_pad(node)
+            if padded is not None:
+                return padded
+        if all(o in self.sym.val for o in node.output if o):
+            return None  # inside a shape computation: its consumers are rewritten instead
+        new, changed = copy.deepcopy(node), False
         for k, name in enumerate(node.input):
-            val = sym.val.get(name)
-            if (
-                name
-                and val is not None
-                and sym.isint.get(name)
-                and all(e.is_number for e in val.ravel())
-                and not _is_initializer_like(self.g, name, self.cache)
-                and op not in ("Shape", "Constant")
-            ):
-                dtype = helper.tensor_dtype_to_np_dtype(sym.elem.get(name, onnx.TensorProto.INT64))
-                if not np.issubdtype(dtype, np.integer):
-                    continue
-                arr = np.array([int(e) for e in val.ravel()], dtype=dtype).reshape(val.shape)
-                new.input[k] = self.const(arr)
+            val = self.sym.val.get(name)
+            if not name or val is None or not self.sym.isint.get(name):
+                continue
+            if name.startswith("ppe_") or (name in self._init_names and not self._expand_shape(node, k)):
+                continue
+            try:
+                operand = self.operand(node, k, val)
+            except NotExpressible as err:
+                self.unexpressed.append((node, k, str(err)))
+                continue
+            if operand is not None and operand != name:
+                new.input[k] = operand
                 changed = True
         return [new] if changed else None
 
-    def fix_reshape_dims(self, node, dims):
-        data_shape = self.sym.shape.get(node.input[0])
-        allowzero = any(a.name == "allowzero" and a.i for a in node.attribute)
-        out = []
-        for i, d in enumerate(dims):
-            if d == 0 and not allowzero:
-                if data_shape is None or i >= len(data_shape) or data_shape[i] is None:
-                    return None
-                d = data_shape[i]
-            out.append(d)
-        if any(d == -1 for d in out) and data_shape is not None and None not in data_shape:
-            known = [d for d in out if d != -1]
-            rest = sympy.simplify(sympy.Mul(*data_shape) / sympy.Mul(*known))
-            if self._expressible(rest):
-                out = [rest if d == -1 else d for d in out]
-        # at most one dim may be unknown to the importer: that one becomes -1
-        bad = [i for i, d in enumerate(out) if not self._expressible(d)]
-        if len(bad) > 1:
-            return None
-        if bad:
-            if any(d == -1 for d in out):
+    def operand(self, node: onnx.NodeProto, k: int, val: np.ndarray) -> str | None:
+        """The importer-friendly replacement of input k (known to hold val), or None."""
+        name, op = node.input[k], node.op_type
+        elem = self.sym.elem.get(name, onnx.TensorProto.INT64)
+        numbers = all(e.is_number for e in val.ravel())
+        if self._expand_shape(node, k):
+            # TVM's Expand with a constant shape needs a static input shape; a shape
+            # that is a Concat becomes a ShapeExpr, which takes symbolic inputs.
+            out = self.sym.shape.get(node.output[0])
+            dims = out if out is not None and all(self.sym.followed(d) for d in out) else list(val)
+            if not all(self.sym.followed(d) for d in dims):
+                raise NotExpressible(f"Expand shape {list(val)}")
+            return self.dims.vector(dims)  # a Concat even when every dim is a number
+        if numbers:
+            dtype = helper.tensor_dtype_to_np_dtype(elem)
+            if not np.issubdtype(dtype, np.integer):
                 return None
-            out[bad[0]] = sympy.Integer(-1)
-        return out
+            return self.const(np.array([int(e) for e in val.ravel()], dtype=dtype).reshape(val.shape))
+        if not all(self.sym.followed(e) for e in val.ravel()):
+            raise NotExpressible(f"value {_show(val)} depends on dims no graph input has")
+        if k in SHAPE_INPUTS.get(op, ()) and val.ndim == 1:
+            dims = list(val)
+            if op == "Reshape":  # the exact output dims: no 0 or -1 left for the importer
+                out = self.sym.shape.get(node.output[0])
+                if out is not None and all(self.sym.followed(d) for d in out):
+                    dims = out
+            return self.dims.vector(dims)
+        return self.dims.tensor(val, elem)
 
-    def fix_expand_dims(self, node, dims):
-        data_shape = self.sym.shape.get(node.input[0])
-        out = []
-        for i, d in enumerate(dims):
-            if not self._expressible(d):
-                # Expand keeps the input dim where the target says 1
-                j = i - (len(dims) - len(data_shape)) if data_shape is not None else -1
-                if data_shape is None or j < 0 or data_shape[j] is None:
-                    return None
-                if sympy.simplify(data_shape[j] - d) != 0:
-                    return None
-                d = sympy.Integer(1)
-            out.append(d)
-        return out
-
-    def _expressible(self, d) -> bool:
-        return d.is_number or (isinstance(d, sympy.Symbol) and d in self.sym.src)
+    def _expand_shape(self, node, k) -> bool:
+        """Input k is the shape of an Expand whose input has a symbolic shape."""
+        return node.op_type == "Expand" and k == 1 and not _static(self.sym.shape.get(node.input[0]))
 
     def rewrite_range(self, node):
         sym = self.sym
@@ -225,8 +171,6 @@ class _Rewriter:
         start, limit, delta = (_rational(v.ravel()[0]) for v in vals)
         out = node.output[0]
         elem = sym.elem.get(node.input[0], onnx.TensorProto.INT64)
-        if not _is_int_elem(elem):
-            elem = sym.elem.get(node.input[0]) or onnx.TensorProto.FLOAT
         np_dtype = helper.tensor_dtype_to_np_dtype(elem)
         if start.is_number and limit.is_number and delta.is_number:
             n = max(int(np.ceil((float(limit) - float(start)) / float(delta))), 0)
@@ -234,36 +178,76 @@ class _Rewriter:
             return [
                 helper.make_node("Identity", [self.const(arr.astype(np_dtype))], [out], name=node.name)
             ]
-        if not (start.is_number and delta.is_number):
+        if not delta.is_number or not all(sym.followed(e) for e in (start, limit)):
+            self.unexpressed.append((node, 1, f"Range({start}, {limit}, {delta})"))
             return None
-        n = sympy.simplify(sympy.ceiling((limit - start) / delta))
-        count = self.shape_tensor([n])
-        if count is None:
+        try:
+            count = self.dims.vector([sympy.ceiling((limit - start) / delta)])
+            offset = start - delta
+            base = (self.const(np.asarray(float(offset)).astype(np_dtype)) if offset.is_number
+                    else self.dims.tensor(np.array(offset, dtype=object), elem))
+        except NotExpressible as err:
+            self.unexpressed.append((node, 1, str(err)))
             return None
-        ones = self.fresh("ones")
-        csum = self.fresh("cumsum")
-        step = np.asarray(delta, dtype=np_dtype)
-        fill = numpy_helper.from_array(step.reshape(1), "value")
-        nodes = [
+        ones, csum = self.fresh("ones"), self.fresh("cumsum")
+        fill = numpy_helper.from_array(np.asarray(delta, dtype=np_dtype).reshape(1), "value")
+        return [
             helper.make_node("ConstantOfShape", [count], [ones], value=fill, name=ones),
-            helper.make_node(
-                "CumSum", [ones, self.const(np.array(0, np.int64))], [csum], name=csum
-            ),
-            helper.make_node(
-                "Add",
-                [csum, self.const(np.asarray(float(start) - float(delta)).astype(np_dtype))],
-                [out],
-                name=node.name or out,
-            ),
+            helper.make_node("CumSum", [ones, self.const(np.array(0, np.int64))], [csum], name=csum),
+            helper.make_node("Add", [csum, base], [out], name=node.name or out),
         ]
+
+
+    def rewrite_pad(self, node):
+        """Constant Pad by symbolic amounts as Concat with ConstantOfShape blocks: TVM's
+        Pad takes constant pads only ("Dynamic pads are not supported yet"), and its
+        importer refuses a ShapeExpr there."""
+        sym = self.sym
+        pads = sym.val.get(node.input[1]) if len(node.input) > 1 else None
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        data_shape = sym.shape.get(node.input[0])
+        if (pads is None or all(e.is_number for e in pads.ravel()) or attrs.get("mode", b"constant") != b"constant"
+                or (len(node.input) > 3 and node.input[3]) or data_shape is None):
+            return None
+        value = 0
+        if len(node.input) > 2 and node.input[2]:
+            fill = sym.val.get(node.input[2])
+            if fill is None or not fill.ravel()[0].is_number:
+                return None
+            value = fill.ravel()[0]
+        pads, rank = list(pads.ravel()), len(data_shape)
+        if not all(sym.followed(d) for d in data_shape + pads):
+            self.unexpressed.append((node, 1, f"Pad pads {pads} of a {_show(np.array(data_shape, dtype=object))} input"))
+            return None
+        elem = sym.elem.get(node.input[0], onnx.TensorProto.FLOAT)
+        fill_value = numpy_helper.from_array(np.array([value], dtype=helper.tensor_dtype_to_np_dtype(elem)), "value")
+        current, shape, nodes = node.input[0], list(data_shape), []
+        for axis in range(rank):
+            before, after = pads[axis], pads[axis + rank]
+            if before == 0 and after == 0:
+                continue
+            parts = []
+            for amount in (before, after):
+                if amount == 0:
+                    parts.append(None)
+                    continue
+                block = self.fresh("pad_block")
+                nodes.append(helper.make_node("ConstantOfShape", [self.dims.vector(shape[:axis] + [amount] + shape[axis + 1:])],
+                                              [block], value=fill_value, name=block))
+                parts.append(block)
+            joined = self.fresh("padded")
+            nodes.append(helper.make_node("Concat", [p for p in (parts[0], current, parts[1]) if p], [joined],
+                                          axis=axis, name=joined))
+            current, shape[axis] = joined, sympy.expand(shape[axis] + before + after)
+        if not nodes:
+            return [helper.make_node("Identity", [current], [node.output[0]], name=node.name)]
+        nodes[-1].output[0] = node.output[0]
         return nodes
+
+
+def _show(val) -> str:
+    return str(val.tolist() if val.ndim else val.item())
 
 
 def _static(shape) -> bool:
     return shape is not None and all(d is not None and d.is_number for d in shape)
-
-
-def _is_initializer_like(graph, name, cache) -> bool:
-    if name.startswith("ppe_"):
-        return True
-    return any(i.name == name for i in graph.initializer)

@@ -14,6 +14,8 @@ import onnx
 import sympy
 from onnx import helper, numpy_helper
 
+from .shapes import SHAPE_RULES
+
 _MAX_ELEMS = 64  # only small tensors are evaluated symbolically
 _DIM_EXPR_RE = re.compile(r"^[A-Za-z0-9_+\-*/() ]+$")
 
@@ -66,6 +68,32 @@ class _Sym:
                 self._eval(node)
             except Exception:  # pylint: disable=broad-except
                 pass  # value unknown: the node is left as it is
+            self._infer_shapes(node)
+
+    def followed(self, dim) -> bool:
+        """dim is an expression of the graph inputs' dims (not unknown, no placeholder)."""
+        return dim is not None and all(s in self.src for s in sympy.sympify(dim).free_symbols)
+
+    def _infer_shapes(self, node: onnx.NodeProto):
+        """Output shapes from SHAPE_RULES, where they say more than ONNX's own inference."""
+        rule = SHAPE_RULES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        outs = [o for o in node.output]
+        if rule is None or all(o in self.val for o in outs if o):
+            return
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        shapes = [self.shape.get(i) if i else None for i in node.input]
+        values = [self.val.get(i) if i else None for i in node.input]
+        try:
+            found = rule(attrs, shapes, values, len(outs))
+        except Exception:  # pylint: disable=broad-except
+            return  # a rule that cannot decide leaves ONNX's inferred shape
+        for name, shape in zip(outs, found):
+            if not name or shape is None or name in self.val:
+                continue
+            old = self.shape.get(name)
+            if old is not None and len(old) == len(shape):
+                shape = [d if self.followed(d) or o is None else o for d, o in zip(shape, old)]
+            self.shape[name] = [None if d is None else sympy.sympify(d) for d in shape]
 
     # one node -------------------------------------------------------------
     def _eval(self, node: onnx.NodeProto):

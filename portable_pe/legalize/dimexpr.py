@@ -1,0 +1,167 @@
+"""Emit a symbolic dim expression (sympy, over the graph inputs' dims) as ONNX nodes that
+TVM's Relax importer turns back into the same expression.
+
+The importer keeps a dim symbolic only along a few paths: ``Shape`` of a tensor gives a
+``ShapeExpr``; ``Gather`` of one element of it a ``PrimValue``; ``Add``/``Sub``/``Mul``/
+``Div`` of PrimValues and constants stay PrimValues (``T + 1``, ``(T + 3) // 4``);
+``Unsqueeze`` of a PrimValue and ``Concat`` of those pieces give a ``ShapeExpr`` again,
+which Reshape, Expand, ConstantOfShape, Tile and Slice take as it is. So any dim
+expression is written as
+
+    Shape(input) -> Gather(axis)  per symbol        (PrimValue T)
+    Add / Mul / Div / Mod chains                     (PrimValue 2 * T + 1)
+    Unsqueeze(0) -> Concat                           (ShapeExpr [B, 2 * T + 1, 8])
+
+and, where a plain tensor is wanted (a Range offset, a position compared with an
+index), ``Cast`` of that ShapeExpr (the importer's ``shape_to_tensor``). Every node is
+standard ONNX, so onnxruntime runs the rewritten graph as it ran the original.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import sympy
+from onnx import helper
+
+
+class NotExpressible(ValueError):
+    """A dim expression with no importer-friendly form (a symbol not from an input,
+    a non-integer coefficient)."""
+
+
+class DimEmitter:
+    """Writes dim programs into ``rw.prefix`` (they depend on graph inputs only).
+
+    ``rw`` supplies ``fresh(base)``, ``const(array)``, ``prefix`` (a node list),
+    ``cache`` (a dict) and ``sym.src`` (symbol -> (input name, axis)).
+    """
+
+    def __init__(self, rw):
+        self.rw = rw
+
+    # ------------------------------------------------------------------ helpers
+    def _node(self, op, inputs, key=None, **attrs) -> str:
+        if key is not None and key in self.rw.cache:
+            return self.rw.cache[key]
+        name = self.rw.fresh(op.lower())
+        self.rw.prefix.append(helper.make_node(op, inputs, [name], name=name, **attrs))
+        if key is not None:
+            self.rw.cache[key] = name
+        return name
+
+    def expressible(self, e) -> bool:
+        e = sympy.sympify(e)
+        return all(s in self.rw.sym.src for s in e.free_symbols)
+
+    # ------------------------------------------------------------------ scalars
+    def scalar(self, e) -> str:
+        """A 0-d int64 tensor holding e (the importer sees a PrimValue)."""
+        e = sympy.sympify(e)
+        key = ("scalar", e)
+        if key in self.rw.cache:
+            return self.rw.cache[key]
+        if e.is_Integer:
+            name = self.rw.const(np.array(int(e), np.int64))
+        elif e.is_Symbol:
+            if e not in self.rw.sym.src:
+                raise NotExpressible(f"{e} is not a dim of a graph input")
+            src, axis = self.rw.sym.src[e]
+            shape = self._node("Shape", [src], key=("shape_of", src))
+            name = self._node("Gather", [shape, self.rw.const(np.array(axis, np.int64))], axis=0)
+        elif e.is_Add:
+            name = self._chain("Add", e.as_ordered_terms())
+        elif e.is_Mul:
+            coeff, rest = e.as_coeff_Mul()
+            if not coeff.is_Integer:
+                return self._floor_div(e, exact=True)
+            factors = ([coeff] if coeff != 1 else []) + list(sympy.Mul.make_args(rest))
+            name = self._chain("Mul", factors)
+        elif e.is_Pow and e.exp.is_Integer and int(e.exp) > 0:
+            name = self._chain("Mul", [e.base] * int(e.exp))
+        elif isinstance(e, sympy.floor):
+            name = self._floor_div(e.args[0])
+        elif isinstance(e, sympy.ceiling):
+            num, den = _fraction(e.args[0])
+            name = self._floor_div((num + den - 1) / den)
+        elif isinstance(e, sympy.Mod):
+            name = self._node("Mod", [self.scalar(e.args[0]), self.scalar(e.args[1])])
+        elif isinstance(e, (sympy.Max, sympy.Min)):
+            name = self._chain("Max" if isinstance(e, sympy.Max) else "Min", list(e.args))
+        else:
+            raise NotExpressible(f"no dim program for {e}")
+        self.rw.cache[key] = name
+        return name
+
+    def _chain(self, op, terms) -> str:
+        names = [self.scalar(t) for t in terms]
+        acc = names[0]
+        for name in names[1:]:
+            acc = self._node(op, [acc, name])
+        return acc
+
+    def _floor_div(self, e, exact=False) -> str:
+        """floor(num / den) with den a positive integer; ONNX's integer Div truncates,
+        which is the floor where num >= 0 (and exact where den divides num)."""
+        num, den = _fraction(e)
+        if not (den.is_Integer and int(den) > 0):
+            raise NotExpressible(f"no integer dim program for {e}")
+        num_name = self.scalar(num)
+        if not (exact or num.is_nonnegative):  # floor for any sign: (num - num mod den) / den
+            num_name = self._node("Sub", [num_name, self._node("Mod", [num_name, self.scalar(den)])])
+        return self._node("Div", [num_name, self.scalar(den)])
+
+    # ------------------------------------------------------------------ shapes
+    def vector(self, dims) -> str:
+        """A 1-D int64 tensor [len(dims)]; the importer sees a ShapeExpr of these dims."""
+        dims = [sympy.sympify(d) for d in dims]
+        key = ("vector", tuple(dims))
+        if key in self.rw.cache:
+            return self.rw.cache[key]
+        pieces = [self._piece(d) for d in dims]
+        # consecutive constants travel as one initializer
+        merged, run = [], []
+        for d, p in zip(dims, pieces):
+            if d.is_Integer:
+                run.append(int(d))
+                continue
+            if run:
+                merged.append(self.rw.const(np.array(run, np.int64)))
+                run = []
+            merged.append(p)
+        if run:
+            merged.append(self.rw.const(np.array(run, np.int64)))
+        name = merged[0] if len(merged) == 1 and not all(d.is_Integer for d in dims) else \
+            self._node("Concat", merged, axis=0)
+        self.rw.cache[key] = name
+        return name
+
+    def _piece(self, d) -> str | None:
+        if d.is_Integer:
+            return None
+        if d.is_Symbol and d in self.rw.sym.src:  # Shape(start, end): a one-dim ShapeExpr
+            src, axis = self.rw.sym.src[d]
+            return self._node("Shape", [src], key=("dim", src, axis), start=axis, end=axis + 1)
+        return self._node("Unsqueeze", [self.scalar(d), self.rw.const(np.array([0], np.int64))])
+
+    # ------------------------------------------------------------------ tensors
+    def tensor(self, values: np.ndarray, elem: int) -> str:
+        """A data tensor of ONNX type ``elem`` holding the symbolic ``values``."""
+        values = np.asarray(values, dtype=object)
+        flat = [sympy.sympify(v) for v in values.ravel()]
+        if not all(v.is_integer or (sympy.nsimplify(v, rational=True).is_integer) for v in flat):
+            raise NotExpressible(f"non-integer symbolic values {flat}")
+        flat = [sympy.nsimplify(v, rational=True) for v in flat]
+        as_int = self._node("Cast", [self.vector(flat)], key=("int_tensor", tuple(flat)),
+                            to=onnx.TensorProto.INT64)
+        shaped = as_int if values.ndim == 1 else self._node(
+            "Reshape", [as_int, self.rw.const(np.array(values.shape, np.int64))],
+            key=("reshaped", tuple(flat), values.shape))
+        if elem == onnx.TensorProto.INT64:
+            return shaped
+        return self._node("Cast", [shaped], key=("cast", tuple(flat), values.shape, elem), to=elem)
+
+
+def _fraction(e):
+    num, den = sympy.fraction(sympy.together(sympy.sympify(e)))
+    return sympy.expand(num), den

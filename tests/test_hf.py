@@ -1,0 +1,156 @@
+"""Hugging Face models as foreign ONNX exports: transformers' own classes, tiny configs
+built here (random weights, no download), exported in the test, compiled for llvm, run
+at lengths the export never saw and compared with transformers itself.
+
+Default run: Llama (dynamo, opset 18) with and without its KV cache (prefill then
+one-token steps, from the Python API and from `portable-pe run --past`), GPT-NeoX's KV
+cache and BERT (TorchScript, opset 17). Every architecture of ``portable_pe.hf.zoo`` at every exporter
+and opset, and the KV cache of every decoder, run with ``-m hf_full``; on the emulated
+aarch64 board (``-m "hf_full and board"``) Llama and BERT.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")
+
+from portable_pe.cli import main as cli  # noqa: E402
+from portable_pe.compile import compile_graph  # noqa: E402
+from portable_pe.hf.check import generation_error, lengths_error  # noqa: E402
+from portable_pe.hf.export import export_hf  # noqa: E402
+from portable_pe.hf.zoo import ARCHITECTURES, build  # noqa: E402
+from portable_pe.kv_cache import KVCacheSession  # noqa: E402
+from portable_pe.runtime import LocalRunner  # noqa: E402
+
+TOL = 1e-4  # max abs error against PyTorch, fp32
+UNSEEN = (5, 37, 100)  # the export traces at T=16
+EXPORTS = [("dynamo", 18), ("dynamo", 23), ("torchscript", 17)]
+DEFAULT = {("llama", "dynamo", 18), ("bert", "torchscript", 17)}
+DEFAULT_KV = {("llama", "dynamo", 18), ("gpt_neox", "torchscript", 17)}
+hf_full = pytest.mark.hf_full
+
+
+def _params(cases, default):
+    return [pytest.param(*case, id="-".join(map(str, case)), marks=() if case in default else hf_full)
+            for case in cases]
+
+
+MATRIX = _params([(a, e, o) for a in ARCHITECTURES for e, o in EXPORTS], DEFAULT)
+KV_MATRIX = _params([(a, e, o) for a, arch in ARCHITECTURES.items() if arch.decoder for e, o in EXPORTS],
+                    DEFAULT_KV)
+
+
+@pytest.fixture(scope="session")
+def hf_bundle(tmp_path_factory):
+    """(arch, exporter, opset, kv_cache, target) -> (model, bundle), once per session.
+    An exporter that cannot export the model skips the test with its words."""
+    made = {}
+
+    def make(arch, exporter, opset, *, kv_cache=False, target="llvm"):
+        key = (arch, exporter, opset, kv_cache, target)
+        if key not in made:
+            folder = tmp_path_factory.mktemp(f"{arch}-{exporter}{opset}{'-kv' if kv_cache else ''}")
+            model = build(arch)
+            try:
+                path = export_hf(model, folder / "model.onnx", exporter=exporter, opset=opset, kv_cache=kv_cache)
+            except Exception as err:  # the exporter's failure, not ours: say it, don't hide it
+                made[key] = (model, f"{exporter} opset {opset} cannot export {arch}: "
+                                    f"{str(err).strip().splitlines()[-1][:300]}")
+            else:
+                made[key] = (model, compile_graph(str(path), target=target, out=folder / "bundle",
+                                                  log=lambda m: None))
+        model, bundle = made[key]
+        if isinstance(bundle, str):
+            pytest.skip(bundle)
+        return model, bundle
+    return make
+
+
+@pytest.mark.parametrize("arch,exporter,opset", MATRIX)
+def test_architecture_matches_pytorch_at_unseen_lengths(arch, exporter, opset, hf_bundle, record_property):
+    model, bundle = hf_bundle(arch, exporter, opset)
+    assert bundle.manifest["reference"]["source"] == "onnxruntime"
+    assert "T" in bundle.manifest["dims"], bundle.manifest["dims"]  # the length stayed dynamic
+    errors = lengths_error(LocalRunner(bundle), model, UNSEEN)
+    record_property("max_abs", errors)
+    assert max(errors.values()) <= TOL, errors
+
+
+@pytest.mark.parametrize("arch,exporter,opset", KV_MATRIX)
+def test_kv_cache_generation_matches_pytorch(arch, exporter, opset, hf_bundle, record_property):
+    """Prefill 7 tokens from an empty cache, then 5 one-token steps, each step's present
+    K/V fed back as the next past: every step's hidden state and cache against
+    transformers' own generation-time run (DynamicCache)."""
+    model, bundle = hf_bundle(arch, exporter, opset, kv_cache=True)
+    dims = bundle.manifest["dims"]
+    assert {"T", "past"} <= set(dims) and dims["past"]["min"] == 0, dims  # two dynamic dims
+    errors = generation_error(KVCacheSession(bundle), model, prefill=7, steps=5)
+    record_property("max_abs_per_step", errors)
+    assert len(errors) == 6 and max(errors) <= TOL, errors
+
+
+def test_cli_run_steps_through_the_cache(hf_bundle, tmp_path, capsys):
+    """`portable-pe run --past empty` is the prefill; `--past PREV.npz` feeds the previous
+    step's present K/V back; both agree with the Python API."""
+    model, bundle = hf_bundle("llama", "dynamo", 18, kv_cache=True)
+    from portable_pe.hf.check import token_ids
+    ids = token_ids(model, 8, seed=4)
+    session = KVCacheSession(bundle)
+    want = [session.run(ids[:, :7]), session.run(ids[:, 7:])]
+    previous = "empty"
+    for k, chunk in enumerate((ids[:, :7], ids[:, 7:])):
+        np.savez(tmp_path / f"in{k}.npz", input_ids=chunk)
+        assert cli(["run", str(bundle.path), "--inputs", str(tmp_path / f"in{k}.npz"), "--past", previous,
+                    "--out", str(tmp_path / f"out{k}.npz")]) == 0
+        with np.load(tmp_path / f"out{k}.npz") as got:
+            for name, value in want[k].items():
+                np.testing.assert_array_equal(got[name], value)
+        previous = str(tmp_path / f"out{k}.npz")
+    assert "present.0.key: float32[1, 2, 8, 8]" in capsys.readouterr().out
+    assert cli(["run", str(bundle.path), "--inputs", str(tmp_path / "in1.npz"), "--past",
+                str(tmp_path / "in0.npz"), "--out", str(tmp_path / "x.npz")]) == 2
+    assert "lacks the present outputs" in capsys.readouterr().err
+
+
+def test_inspect_says_every_dim_is_followed(hf_bundle, capsys):
+    _, bundle = hf_bundle("llama", "dynamo", 18)
+    assert cli(["inspect", str(bundle.file("model.onnx"))]) == 0
+    assert "shapes: every node's dims are expressions of the input dims (T)" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------- the emulated board
+def _board_ready():
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location(
+        "board_server", Path(__file__).resolve().parent.parent / "scripts" / "board_server.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@hf_full
+@pytest.mark.board
+@pytest.mark.parametrize("arch,exporter,opset", [("llama", "dynamo", 18), ("bert", "torchscript", 17)])
+def test_architecture_on_the_emulated_board(arch, exporter, opset, hf_bundle):
+    board_server = _board_ready()
+    if shutil.which("aarch64-linux-gnu-g++") is None:
+        pytest.skip("aarch64-linux-gnu-g++ missing (apt-get install g++-aarch64-linux-gnu)")
+    if not board_server.board_available():
+        pytest.skip("emulated board not set up: run `bash scripts/board_setup.sh`")
+    if board_server.server_status() is not None:
+        pytest.skip("a board RPC server is already running (python scripts/board_server.py stop)")
+    from portable_pe.deploy import RemoteRunner, connect
+    model, bundle = hf_bundle(arch, exporter, opset, target="arm")
+    host, port = board_server.start_server(port=0, timeout=120)
+    try:
+        session, where = connect(rpc=f"{host}:{port}", timeout=600)
+        errors = lengths_error(RemoteRunner(session, bundle, where), model, UNSEEN)
+        del session
+    finally:
+        board_server.stop_server()
+    assert max(errors.values()) <= TOL, errors
