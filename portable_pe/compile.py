@@ -148,8 +148,8 @@ def stage_target(st: CompileState) -> None:
 
 def stage_tuning(st: CompileState) -> None:
     """With a tuning database for this graph and target: one static entry per tuned point."""
-    from .tuning_db import database_dir, database_digest, specialize, specialized_name, tuned_points
-    db_dir = database_dir(st.target.name, st.name)
+    from .tuning_db import database_digest, database_dir_of, specialize, specialized_name, tuned_points
+    db_dir = database_dir_of(st)
     points = tuned_points(db_dir)
     if not (st.use_tuning and points and st.io.get("dims")):
         st.log(f"  tuning database: {'none for ' + st.name if not points else 'not used (--no-tuning)'}")

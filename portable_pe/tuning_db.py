@@ -6,6 +6,8 @@ tune, tune_judge and bench all read databases, and none of them need each other 
     targets/tuning/<target>/<graph>/database_workload.json
                                     database_tuning_record.json
                                     tuned.json      (tuned points, trials, seconds)
+    targets/tuning/<target>/<variant>/<graph>/...   for targets whose backend keys its
+                                    databases by an option (arm: the board; cuda: the arch)
 """
 
 from __future__ import annotations
@@ -21,9 +23,19 @@ TUNING_DIR = TARGETS_DIR / "tuning"
 DB_FILES = ("database_workload.json", "database_tuning_record.json")
 
 
-def database_dir(target: str, graph: str) -> Path:
+def database_dir(target: str, graph: str, *, variant: str | None = None) -> Path:
     """PORTABLE_PE_TUNING_DIR moves the databases (tests use it to keep targets/ clean)."""
-    return Path(os.environ.get("PORTABLE_PE_TUNING_DIR", TUNING_DIR)) / target / graph
+    root = Path(os.environ.get("PORTABLE_PE_TUNING_DIR", TUNING_DIR)) / target
+    return (root / variant if variant else root) / graph
+
+
+def database_dir_of(st) -> Path:
+    """The database of a compile state (resolved target and options): a backend with a
+    `tuning_variant(options, target)` keeps one database per board or arch."""
+    from .backends import get_backend
+    variant = getattr(get_backend(st.target.backend), "tuning_variant", None)
+    return database_dir(st.target.name, st.name,
+                        variant=variant(st.target_options, st.tvm_target) if variant else None)
 
 
 def tuned_points(db_dir: Path) -> list[dict]:
@@ -94,8 +106,10 @@ def workload(func):
 
 def coverage(mod, target, database) -> tuple[list[str], list[str]]:
     """(hits, misses) over a static-shape module's kernels: those the database has a
-    schedule for, and those that will get the default schedules."""
+    measured schedule for, and those that will get the default schedules. (A workload
+    whose candidates all failed to run is in the database with no usable record: a miss.)"""
     hits, misses = [], []
     for name, func in fused_prim_funcs(mod, target).items():
-        (hits if database.has_workload(workload(func)) else misses).append(name)
+        found = database.query_tuning_record(workload(func), target, "main") is not None
+        (hits if found else misses).append(name)
     return hits, misses
