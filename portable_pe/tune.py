@@ -51,8 +51,11 @@ def _builder(st):
         backend = get_backend(st.target.backend)
 
         def export(module) -> str:
+            # its own folder: after measuring, MetaSchedule deletes the artifact's *folder*
+            # (utils.remove_build_dir), so a file straight in /tmp would take /tmp with it
+            import os
             import tempfile
-            path = tempfile.mktemp(suffix=".so", prefix="tune-")
+            path = os.path.join(tempfile.mkdtemp(prefix="tune-candidate-"), "candidate.so")
             backend.export_library(module, path)
             return path
     return ms.builder.LocalBuilder(f_build=build_candidate, f_export=export, timeout_sec=BUILD_TIMEOUT_S)
@@ -148,8 +151,9 @@ def tune_graph(source: str, *, target: str = "llvm", target_options: dict | None
     seconds = time.perf_counter() - start
     entry = {**point, "trials_per_task": trials, "tasks": len(funcs), "only": only,
              "seconds": round(seconds, 1), "target": target, "target_options": st.target_options}
-    if runner is not None and hasattr(runner, "usage"):
+    if hasattr(runner, "usage"):
         entry["measured"] = runner.usage().summary()
+        log(f"  all kernels: {entry['measured']}")
     _save_point(db_dir, st.name, entry)
     if runner is None and st.target.backend == "llvm":
         recheck(st, point, log=log)

@@ -8,6 +8,7 @@ compile, deploy) is tests/test_tracker_board.py (marker `tracker`)."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import struct
 import threading
@@ -264,3 +265,29 @@ def test_compile_applies_the_boards_own_database(tmp_path, monkeypatch, capsys):
     assert (entry["function"], entry["tuned_kernels"], entry["untuned_kernels"]) == ("main_b1_t8", 1, len(kernels) - 1)
     assert f"main_b1_t8: 1 tuned kernel(s), {len(kernels) - 1} miss(es)" in "\n".join(logs)
     assert bundle.manifest["tuning"]["database"].endswith("arm/rasp4b64/tiny_rope")
+
+
+@needs_cross
+def test_candidates_are_exported_into_their_own_folder(tmp_path):
+    """MetaSchedule deletes a measured candidate's whole folder (remove_build_dir): a
+    candidate written straight into /tmp took /tmp with it."""
+    import tempfile
+    import tvm
+    from tvm import te
+    from tvm.s_tir import meta_schedule as ms
+    from portable_pe.compile import CompileState, stage_target
+    from portable_pe.targets import load_target
+    from portable_pe.tune import _builder
+    st = CompileState(source="", target=load_target("arm"), intermediates=None, shapes={},
+                      target_options={"board": "rasp4b64"}, log=lambda m: None)
+    stage_target(st)
+    a = te.placeholder((8,), name="a")
+    module = tvm.compile(tvm.IRModule({"main": te.create_prim_func([a, te.compute((8,), lambda i: a[i] + 1.0)])}),
+                         target=st.tvm_target)
+    path = _builder(st).f_export(module)
+    folder = os.path.dirname(path)
+    assert os.path.realpath(folder) != os.path.realpath(tempfile.gettempdir()) and os.listdir(folder) == ["candidate.so"]
+    sentinel = tmp_path / "still-here"
+    sentinel.write_text("")
+    ms.utils.remove_build_dir(path)
+    assert not os.path.exists(folder) and sentinel.exists()
