@@ -172,7 +172,8 @@ def stage_build(st: CompileState) -> None:
         from .tuning_db import as_main, coverage, open_database
         database = open_database(ROOT / st.tuning["database"])
         for entry in st.tuning["specializations"]:
-            hits, misses = coverage(as_main(st.relax, entry["function"]), st.tvm_target, database)
+            hits, misses = coverage(as_main(st.relax, entry["function"]), st.tvm_target, database,
+                                    backend=st.target.backend)
             entry.update(tuned_kernels=len(hits), untuned_kernels=len(misses))
             st.log(f"  {entry['function']}: {len(hits)} tuned kernel(s), {len(misses)} miss(es) "
                    f"{'(default schedules for: ' + ', '.join(misses[:4]) + ('...' if len(misses) > 4 else '') + ')' if misses else ''}")

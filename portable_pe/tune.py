@@ -17,6 +17,7 @@ Candidates are measured on this machine, or on boards behind a TVM RPC tracker
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import shutil
@@ -58,18 +59,22 @@ def _builder(st):
             path = os.path.join(tempfile.mkdtemp(prefix="tune-candidate-"), "candidate.so")
             backend.export_library(module, path)
             return path
-    return ms.builder.LocalBuilder(f_build=build_candidate, f_export=export, timeout_sec=BUILD_TIMEOUT_S)
+    return ms.builder.LocalBuilder(f_build=functools.partial(build_candidate, backend=st.target.backend),
+                                   f_export=export, timeout_sec=BUILD_TIMEOUT_S)
 
 
-def build_candidate(mod, target, _params):
+def build_candidate(mod, target, _params, *, backend: str = "llvm"):
     """MetaSchedule's default_build less its `import tvm.s_tir.tensor_intrin`, which parses
     every intrinsic TVM ships (CUDA's mostly) as TVMScript: 145 s of CPU in each builder
     process on this machine, and the builder starts new processes for every batch. The
     candidates arrive already scheduled (any tensorization done in this process), so the
-    build needs none of them."""
+    build needs none of them. A backend with its own `build_candidate` (cuda) builds."""
     import tvm
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
-    return tvm.compile(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target)
+    from .backends import get_backend
+    mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+    own = getattr(get_backend(backend), "build_candidate", None)
+    return own(mod, target) if own else tvm.compile(mod, target=target)
 
 
 @dataclass
@@ -87,7 +92,7 @@ class TuneError(RuntimeError):
 
 def check_tunable(target: str, target_options: dict | None = None) -> None:
     """What MetaSchedule needs of the target, checked in a second, before the export:
-    a CPU target must say how many cores it has."""
+    a CPU target must say how many cores it has; a backend may check more (cuda)."""
     from .compile import CompileState, stage_target
     from .targets import load_target
     st = CompileState(source="", target=load_target(target), intermediates=None, shapes={},
@@ -96,6 +101,10 @@ def check_tunable(target: str, target_options: dict | None = None) -> None:
     if st.tvm_target.kind.name == "llvm" and "num-cores" not in st.tvm_target.attrs:
         raise ValueError(f"target {target} {st.target_options or ''} has no core count, which MetaSchedule needs "
                          f"(\"num-cores\"): pass --num-cores N, the board's physical cores")
+    from .backends import get_backend
+    own = getattr(get_backend(st.target.backend), "check_tunable", None)
+    if own is not None:
+        own(st.tvm_target)
 
 
 def tune_graph(source: str, *, target: str = "llvm", target_options: dict | None = None, batch: int = 1,
@@ -120,7 +129,7 @@ def tune_graph(source: str, *, target: str = "llvm", target_options: dict | None
     if bad:
         raise ValueError(f"cannot tune {st.name} at batch={batch} seq={seq}: {'; '.join(bad)}")
     static = as_main(specialize(st.relax, dims=st.io["dims"], point=point), specialized_name(point))
-    funcs = fused_prim_funcs(static, st.tvm_target)
+    funcs = fused_prim_funcs(static, st.tvm_target, backend=st.target.backend)
     if only == "rope":
         funcs = {n: f for n, f in funcs.items() if is_rope_kernel(n)}
         if not funcs:
@@ -228,7 +237,7 @@ def recheck(st, point: dict, *, runs: int = 30, log: Callable[[str], None] = pri
                          dim_roles=dim_roles({"dims": st.io["dims"]}))
     log(f"comparing tuned kernels with the default schedules at batch={point['batch']} seq={point['seq']} "
         f"({runs} interleaved runs of each build)")
-    fused = fused_module(static, st.tvm_target)
+    fused = fused_module(static, st.tvm_target, backend=st.target.backend)
     verdicts = judge(static, fused, st.tvm_target, get_backend(st.target.backend).relax_pipeline(st.tvm_target),
                      open_database(db_dir), [values[i["name"]] for i in st.io["inputs"]], runs=runs)
     for v in verdicts:

@@ -79,12 +79,15 @@ def as_main(mod, name: str):
     return out
 
 
-def fused_module(mod, target):
-    """`mod` after exactly the compile's fusion passes: the kernels a compile would schedule."""
+def fused_module(mod, target, *, backend: str = "llvm"):
+    """`mod` after exactly the compile's fusion passes: the kernels a compile would schedule.
+    A backend with its own `fusion_passes(target)` (cuda) says which; the CPU ones otherwise."""
     import tvm
+    from .backends import get_backend
     from .cpu_schedule import fusion_passes
+    own = getattr(get_backend(backend), "fusion_passes", None)
     with target:
-        return tvm.transform.Sequential(fusion_passes())(mod)
+        return tvm.transform.Sequential(own(target) if own else fusion_passes())(mod)
 
 
 def kernels_of(fused) -> dict:
@@ -93,9 +96,9 @@ def kernels_of(fused) -> dict:
     return {gv.name_hint: f for gv, f in fused.functions_items() if isinstance(f, tirx.PrimFunc)}
 
 
-def fused_prim_funcs(mod, target):
+def fused_prim_funcs(mod, target, *, backend: str = "llvm"):
     """The PrimFuncs a compile would schedule, after exactly the compile's fusion passes."""
-    return kernels_of(fused_module(mod, target))
+    return kernels_of(fused_module(mod, target, backend=backend))
 
 
 def workload(func):
@@ -104,12 +107,12 @@ def workload(func):
     return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
 
 
-def coverage(mod, target, database) -> tuple[list[str], list[str]]:
+def coverage(mod, target, database, *, backend: str = "llvm") -> tuple[list[str], list[str]]:
     """(hits, misses) over a static-shape module's kernels: those the database has a
     measured schedule for, and those that will get the default schedules. (A workload
     whose candidates all failed to run is in the database with no usable record: a miss.)"""
     hits, misses = [], []
-    for name, func in fused_prim_funcs(mod, target).items():
+    for name, func in fused_prim_funcs(mod, target, backend=backend).items():
         found = database.query_tuning_record(workload(func), target, "main") is not None
         (hits if found else misses).append(name)
     return hits, misses

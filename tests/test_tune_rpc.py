@@ -291,3 +291,63 @@ def test_candidates_are_exported_into_their_own_folder(tmp_path):
     sentinel.write_text("")
     ms.utils.remove_build_dir(path)
     assert not os.path.exists(folder) and sentinel.exists()
+
+
+def _bind_gpu_schedule(kernel):
+    """A valid GPU schedule for an injective kernel (producers inlined, the output's loops
+    fused and bound to 96-thread blocks, a size dlight never picks), or None when the
+    kernel is not that simple."""
+    from tvm.s_tir import Schedule
+    from portable_pe.tuning_db import workload
+    sch = Schedule(workload(kernel))
+    try:
+        *producers, last = sch.get_child_blocks(sch.get_sblock("root"))
+        for block in reversed(producers):
+            sch.compute_inline(block)
+        _, threads = sch.split(sch.fuse(*sch.get_loops(last)), factors=[None, 96])
+        sch.bind(sch.get_loops(last)[0], "blockIdx.x")
+        sch.bind(threads, "threadIdx.x")
+    except Exception:  # a reduction, a non-inlinable producer: not this kernel
+        return None
+    return sch
+
+
+def test_cuda_compile_applies_the_archs_database_before_dlight(tmp_path, monkeypatch):
+    """cuda: the database lives under targets/tuning/cuda/<arch>/<graph>/, its kernels are the
+    ones TVM's CUDA pipeline fuses, and the compile applies it before dlight's schedules
+    (the tuned kernel keeps its 96-thread blocks)."""
+    from tvm.s_tir import meta_schedule as ms
+    from portable_pe.compile import compile_graph, prepare
+    from portable_pe.tuning_db import (as_main, database_dir_of, fused_prim_funcs, open_database, specialize,
+                                       specialized_name, workload)
+    monkeypatch.setenv("PORTABLE_PE_TUNING_DIR", str(tmp_path / "db"))
+    st = prepare(str(TINY_SPEC), target="cuda", target_options={"arch": "sm_80"}, log=lambda m: None)
+    db_dir = database_dir_of(st)
+    assert db_dir == tmp_path / "db/cuda/sm_80/tiny_rope"
+    point = {"batch": 1, "seq": 8}
+    kernels = fused_prim_funcs(as_main(specialize(st.relax, dims=st.io["dims"], point=point), specialized_name(point)),
+                               st.tvm_target, backend="cuda")
+    name, sch = next((n, s) for n, s in ((n, _bind_gpu_schedule(k)) for n, k in sorted(kernels.items())) if s)
+    db_dir.mkdir(parents=True)
+    database = open_database(db_dir)
+    mod = workload(kernels[name])
+    database.commit_tuning_record(ms.database.TuningRecord(
+        sch.trace, database.commit_workload(mod), [1e-3], st.tvm_target, ms.arg_info.ArgInfo.from_prim_func(mod["main"])))
+    (db_dir / "tuned.json").write_text(json.dumps({"graph": "tiny_rope", "points": [{**point, "trials_per_task": 1}]}))
+    bundle = compile_graph(str(TINY_SPEC), target="cuda", target_options={"arch": "sm_80"}, out=tmp_path / "b",
+                           keep_intermediates=True, log=lambda m: None)
+    (entry,) = bundle.manifest["tuning"]["specializations"]
+    assert (entry["tuned_kernels"], entry["untuned_kernels"]) == (1, len(kernels) - 1), entry
+    source = (tmp_path / "b.intermediates" / "06-kernels.cu").read_text()
+    # (the kernel is renamed in the whole module, e.g. fused_add_reshape_transpose -> fused_add4_reshape2_transpose3)
+    assert "__launch_bounds__(96)" in source, f"{name} was not built from the database's 96-thread schedule"
+
+
+def test_cuda_tuning_without_the_cuda_runtime_says_where_to_run_it(capsys):
+    import tvm
+    if tvm.runtime.enabled("cuda"):
+        pytest.skip("TVM's CUDA runtime is enabled here: cuda candidates can be built")
+    assert cli(["tune", str(TINY_SPEC), "--target", "cuda", "--arch", "sm_90", "--rpc-tracker", "127.0.0.1:9",
+                "--rpc-key", "h100"]) == 2
+    err = capsys.readouterr().err
+    assert "TVM here has no CUDA runtime (no NVIDIA driver): its builds hold CUDA source only" in err
