@@ -104,7 +104,8 @@ def cmd_compile(args) -> int:
           f"{' -> ' + str(args.out) if args.out is not None else ''}", flush=True)
     options = {k: v for k, v in (("board", args.board), ("arch", args.arch), ("profile", args.profile),
                                  ("seq_len", args.seq_len), ("host", args.host), ("npu_dtype", args.npu_dtype),
-                                 ("soc", args.soc), ("vendor_build", args.vendor_build)) if v is not None}
+                                 ("soc", args.soc), ("vendor_build", args.vendor_build),
+                                 ("num_cores", args.num_cores)) if v is not None}
     bundle = compile_graph(args.graph, target=args.target, out=args.out,
                            keep_intermediates=args.keep_intermediates, shapes=dict(args.shape or []),
                            target_options=options, pe_tables=args.pe_tables, tuning=not args.no_tuning,
@@ -150,16 +151,25 @@ def _option_choices(option: str) -> list[str]:
 
 
 def cmd_tune(args) -> int:
-    from .tune import rpc_runner, tune_graph
+    from .tune import check_tunable, tune_graph
     if args.recheck:
         from .tune import recheck_graph
         recheck_graph(args.graph, target=args.target, log=lambda m: print(m, flush=True))
         return 0
-    runner = rpc_runner(args.rpc_tracker, args.rpc_key) if args.rpc_tracker else None
+    options = {k: v for k, v in (("board", args.board), ("arch", args.arch), ("num_cores", args.num_cores)) if v}
+    check_tunable(args.target, options)  # in a second, before the tracker and the export
+    runner = None
+    if args.rpc_tracker:
+        from .tune_rpc import board_runner
+        runner = board_runner(tracker=args.rpc_tracker, key=args.rpc_key, timeout=args.rpc_timeout,
+                              log=lambda m: print(m, flush=True))
+    elif args.rpc_key:
+        raise ValueError("--rpc-key needs --rpc-tracker HOST:PORT (the tracker the boards registered with)")
     for batch in args.batch:
         for seq in args.lengths:
-            result = tune_graph(args.graph, target=args.target, batch=batch, seq=seq, trials=args.trials,
-                                only=args.only, runner=runner, log=lambda m: print(m, flush=True))
+            result = tune_graph(args.graph, target=args.target, target_options=options, batch=batch, seq=seq,
+                                trials=args.trials, only=args.only, runner=runner,
+                                log=lambda m: print(m, flush=True))
             print(f"tuned {result.tasks} kernel(s) at batch={batch} seq={seq} in {result.seconds:.0f} s "
                   f"-> {result.db_dir}")
     print("`portable-pe compile` applies this database automatically (`--no-tuning` to skip it)")
@@ -359,6 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vendor-build", choices=_option_choices("vendor_build"),
                    help="--target npu: run the profile's vendor compiler (rknpu2: RKNN-Toolkit2): auto (default: "
                         "when its toolchain is installed), require, skip")
+    p.add_argument("--num-cores", type=_int_in(1, 1024), metavar="N", help="--target arm: the board's physical cores "
+                                                              "(default: from the board's tag)")
     p.add_argument("--pe-tables", choices=["int8"], help="store position tables as int8 rows with per-row scales")
     p.add_argument("--precision", choices=list(PRECISIONS),
                    help="int8: calibrated int8 matmuls (llvm, arm; npu is always int8); default: the target's")
@@ -384,8 +396,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trials", type=_int_in(1, 100_000), default=64, help="measured candidates per kernel (default 64)")
     p.add_argument("--lengths", type=_lengths, default=[128], help="sequence lengths to tune at (default 128)")
     p.add_argument("--batch", type=_lengths, default=[1], help="batch sizes to tune at (default 1)")
+    p.add_argument("--board", choices=_option_choices("board"), help="--target arm: the board to tune for "
+                                                                     "(its database: targets/tuning/arm/BOARD/)")
+    p.add_argument("--num-cores", type=_int_in(1, 1024), metavar="N", help="--target arm: the board's physical cores "
+                                                              "(default: from the board's tag)")
+    p.add_argument("--arch", metavar="sm_XY", help="--target cuda: SM arch of the GPU(s) behind the tracker")
     p.add_argument("--rpc-tracker", metavar="HOST:PORT", help="measure on boards behind a TVM RPC tracker")
     p.add_argument("--rpc-key", help="the boards' key at the tracker (with --rpc-tracker)")
+    p.add_argument("--rpc-timeout", type=_seconds(1, 86400), default=120.0, metavar="S",
+                   help="seconds: the longest wait for a free board, and for one candidate's session (default 120)")
     p.add_argument("--recheck", action="store_true",
                    help="tune nothing: time the database's kernels against the default schedules again "
                         "and keep only the faster ones (after the default schedules changed)")

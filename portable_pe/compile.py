@@ -196,8 +196,8 @@ def stage_target(st: CompileState) -> None:
 
 def stage_tuning(st: CompileState) -> None:
     """With a tuning database for this graph and target: one static entry per tuned point."""
-    from .tuning_db import database_dir, database_digest, specialize, specialized_name, tuned_points
-    db_dir = database_dir(st.target.name, st.name)
+    from .tuning_db import database_digest, database_dir_of, specialize, specialized_name, tuned_points
+    db_dir = database_dir_of(st)
     points = tuned_points(db_dir)
     if not (st.use_tuning and points and st.io.get("dims")) or st.precision != "fp32":
         why = ("none for " + st.name if not points else "not used (--no-tuning)" if not st.use_tuning
@@ -222,7 +222,8 @@ def stage_build(st: CompileState) -> None:
         from .tuning_db import as_main, coverage, open_database
         database = open_database(ROOT / st.tuning["database"])
         for entry in st.tuning["specializations"]:
-            hits, misses = coverage(as_main(st.relax, entry["function"]), st.tvm_target, database)
+            hits, misses = coverage(as_main(st.relax, entry["function"]), st.tvm_target, database,
+                                    backend=st.target.backend)
             entry.update(tuned_kernels=len(hits), untuned_kernels=len(misses))
             st.log(f"  {entry['function']}: {len(hits)} tuned kernel(s), {len(misses)} miss(es) "
                    f"{'(default schedules for: ' + ', '.join(misses[:4]) + ('...' if len(misses) > 4 else '') + ')' if misses else ''}")

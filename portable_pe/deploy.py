@@ -22,7 +22,7 @@ import numpy as np
 
 from .artifact import Bundle, load_bundle
 from .parity import ParityReport, check_bundle, compare
-from .runtime import check_inputs, _outputs
+from .runtime import check_inputs, entry_for, _outputs
 
 DEFAULT_TIMEOUT = 600.0
 #: ELF e_machine -> the arch name platform.machine() (and the manifest's host_arch) use
@@ -45,15 +45,16 @@ def probe(host: str, port: int, *, timeout: float, what: str) -> None:
     try:
         socket.create_connection((host, port), timeout=timeout).close()
     except ConnectionRefusedError:
-        raise DeployError(f"{what} {host}:{port} refused the connection: nothing listens there "
-                          "(for the emulated board: `python scripts/board_server.py start`)") from None
+        start = (f"start one: `python -m tvm.exec.rpc_tracker --host 0.0.0.0 --port {port}`" if "tracker" in what
+                 else "for the emulated board: `python scripts/board_server.py start`")
+        raise DeployError(f"{what} {host}:{port} refused the connection: nothing listens there ({start})") from None
     except socket.timeout:
         raise DeployError(f"{what} {host}:{port} did not answer within {timeout:g} s") from None
     except OSError as err:
         raise DeployError(f"cannot reach {what} {host}:{port}: {err.strerror or err}") from None
 
 
-def _bounded(fn, *, timeout: float, what: str):
+def bounded(fn, *, timeout: float, what: str):
     """Run fn() but give up after `timeout` s: an RPC server busy with another session
     accepts the TCP connection and then stays silent, and TVM's handshake has no timeout."""
     result: dict = {}
@@ -89,21 +90,21 @@ def connect(*, rpc: str | None = None, tracker: str | None = None, key: str | No
     if rpc is not None:
         host, port = parse_address(rpc, what="--rpc")
         probe(host, port, timeout=wait, what="board RPC server")
-        session = _bounded(lambda: tvm_rpc.connect(host, port, session_timeout=timeout),
+        session = bounded(lambda: tvm_rpc.connect(host, port, session_timeout=timeout),
                            timeout=wait, what=f"RPC handshake with {host}:{port}")
         return session, f"{host}:{port}"
     if not key:
         raise ValueError("--tracker must come with --key KEY (the key the board registered with)")
     host, port = parse_address(tracker, what="--tracker")
     probe(host, port, timeout=wait, what="RPC tracker")
-    tracker_session = _bounded(lambda: tvm_rpc.connect_tracker(host, port), timeout=wait,
+    tracker_session = bounded(lambda: tvm_rpc.connect_tracker(host, port), timeout=wait,
                                what=f"RPC tracker {host}:{port}")
-    summary = _bounded(tracker_session.summary, timeout=wait, what=f"RPC tracker {host}:{port}")
+    summary = bounded(tracker_session.summary, timeout=wait, what=f"RPC tracker {host}:{port}")
     keys = sorted(summary.get("queue_info", {}))
     if key not in keys:
         raise DeployError(f"no board registered with key {key!r} at tracker {host}:{port}; "
                           f"registered keys: {', '.join(keys) or 'none'}")
-    session = _bounded(lambda: tracker_session.request(key, session_timeout=timeout, max_retry=1),
+    session = bounded(lambda: tracker_session.request(key, session_timeout=timeout, max_retry=1),
                        timeout=wait, what=f"tracker {host}:{port} request for key {key!r}")
     return session, f"{key} via tracker {host}:{port}"
 
@@ -154,9 +155,10 @@ class RemoteRunner:
                 for spec in self.manifest["inputs"]]
         # a tuple result comes back as an RPCObjectRef that cannot be indexed: use the
         # stateful interface, which hands the outputs back one by one
-        self.vm.set_input("main", *args)
-        self.vm.invoke_stateful("main")
-        return _outputs(self.vm.get_outputs("main"), [o["name"] for o in self.manifest["outputs"]])
+        entry = entry_for(self.manifest, inputs)  # a tuned static entry at its exact shape
+        self.vm.set_input(entry, *args)
+        self.vm.invoke_stateful(entry)
+        return _outputs(self.vm.get_outputs(entry), [o["name"] for o in self.manifest["outputs"]])
 
 
 def reference_cases(bundle: Bundle) -> dict[int, tuple[dict, dict]]:
@@ -207,7 +209,12 @@ def _run_on_board(bundle: Bundle, session, where: str, log) -> ParityReport:
                        if all(np.array_equal(ins[k], v) for k, v in inputs.items())), None)
         return runs[length] if length is not None else runner.run(inputs)
 
-    report = check_bundle(bundle, lengths=tuple(stored), tvm_runner=cached)
+    # the tuned entries (batch 1) run at their own lengths too, so the board checks what tuning changed
+    tuned = {e["seq"]: e["function"] for e in bundle.manifest.get("tuning", {}).get("specializations", [])
+             if e["batch"] == 1}
+    for length, function in sorted(tuned.items()):
+        log(f"  tuned entry {function} runs at T={length}")
+    report = check_bundle(bundle, lengths=tuple(sorted({*stored, *tuned})), tvm_runner=cached)
     report.target = f"{bundle.target} @ {where}"
     for length, (_, expected) in stored.items():
         report.rows += compare(expected, runs[length], name="board vs reference.npz", length=length,

@@ -6,6 +6,8 @@ tune, tune_judge and bench all read databases, and none of them need each other 
     targets/tuning/<target>/<graph>/database_workload.json
                                     database_tuning_record.json
                                     tuned.json      (tuned points, trials, seconds)
+    targets/tuning/<target>/<variant>/<graph>/...   for targets whose backend keys its
+                                    databases by an option (arm: the board; cuda: the arch)
 """
 
 from __future__ import annotations
@@ -21,9 +23,19 @@ TUNING_DIR = TARGETS_DIR / "tuning"
 DB_FILES = ("database_workload.json", "database_tuning_record.json")
 
 
-def database_dir(target: str, graph: str) -> Path:
+def database_dir(target: str, graph: str, *, variant: str | None = None) -> Path:
     """PORTABLE_PE_TUNING_DIR moves the databases (tests use it to keep targets/ clean)."""
-    return Path(os.environ.get("PORTABLE_PE_TUNING_DIR", TUNING_DIR)) / target / graph
+    root = Path(os.environ.get("PORTABLE_PE_TUNING_DIR", TUNING_DIR)) / target
+    return (root / variant if variant else root) / graph
+
+
+def database_dir_of(st) -> Path:
+    """The database of a compile state (resolved target and options): a backend with a
+    `tuning_variant(options, target)` keeps one database per board or arch."""
+    from .backends import get_backend
+    variant = getattr(get_backend(st.target.backend), "tuning_variant", None)
+    return database_dir(st.target.name, st.name,
+                        variant=variant(st.target_options, st.tvm_target) if variant else None)
 
 
 def tuned_points(db_dir: Path) -> list[dict]:
@@ -67,12 +79,15 @@ def as_main(mod, name: str):
     return out
 
 
-def fused_module(mod, target):
-    """`mod` after exactly the compile's fusion passes: the kernels a compile would schedule."""
+def fused_module(mod, target, *, backend: str = "llvm"):
+    """`mod` after exactly the compile's fusion passes: the kernels a compile would schedule.
+    A backend with its own `fusion_passes(target)` (cuda) says which; the CPU ones otherwise."""
     import tvm
+    from .backends import get_backend
     from .cpu_schedule import fusion_passes
+    own = getattr(get_backend(backend), "fusion_passes", None)
     with target:
-        return tvm.transform.Sequential(fusion_passes())(mod)
+        return tvm.transform.Sequential(own(target) if own else fusion_passes())(mod)
 
 
 def kernels_of(fused) -> dict:
@@ -81,9 +96,9 @@ def kernels_of(fused) -> dict:
     return {gv.name_hint: f for gv, f in fused.functions_items() if isinstance(f, tirx.PrimFunc)}
 
 
-def fused_prim_funcs(mod, target):
+def fused_prim_funcs(mod, target, *, backend: str = "llvm"):
     """The PrimFuncs a compile would schedule, after exactly the compile's fusion passes."""
-    return kernels_of(fused_module(mod, target))
+    return kernels_of(fused_module(mod, target, backend=backend))
 
 
 def workload(func):
@@ -92,10 +107,12 @@ def workload(func):
     return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
 
 
-def coverage(mod, target, database) -> tuple[list[str], list[str]]:
+def coverage(mod, target, database, *, backend: str = "llvm") -> tuple[list[str], list[str]]:
     """(hits, misses) over a static-shape module's kernels: those the database has a
-    schedule for, and those that will get the default schedules."""
+    measured schedule for, and those that will get the default schedules. (A workload
+    whose candidates all failed to run is in the database with no usable record: a miss.)"""
     hits, misses = [], []
-    for name, func in fused_prim_funcs(mod, target).items():
-        (hits if database.has_workload(workload(func)) else misses).append(name)
+    for name, func in fused_prim_funcs(mod, target, backend=backend).items():
+        found = database.query_tuning_record(workload(func), target, "main") is not None
+        (hits if found else misses).append(name)
     return hits, misses

@@ -5,6 +5,7 @@ Build the board first with ``bash scripts/board_setup.sh``. Then::
 
     python scripts/board_server.py start [--port 9190] [--timeout 120]   # prints HOST:PORT
     python scripts/board_server.py start --tracker HOST:PORT --key KEY   # register with a tracker
+    python scripts/board_server.py start --name b2 --port 0 --tracker HOST:PORT --key KEY  # a second one
     python scripts/board_server.py status
     python scripts/board_server.py stop
     python scripts/board_server.py run [--runtime-only] SCRIPT.py [ARGS...]
@@ -20,15 +21,19 @@ Importable API (no TVM import on the host side)::
     board_command(script, args=(), python_args=()) -> list[str]
     board_env(runtime_only=False, base=None) -> dict
     run_on_board(script, args=(), runtime_only=False, **subprocess_kwargs) -> CompletedProcess
-    start_server(port=9190, timeout=120.0, tracker=None, key="") -> (host, port)
-    stop_server() -> bool
-    server_status() -> dict | None
+    start_server(port=9190, timeout=120.0, tracker=None, key="", name="") -> (host, port)
+    stop_server(name="") -> bool
+    server_status(name="") -> dict | None
+
+``name`` runs several servers on the one board at once (each its own process, pid, state
+and log), e.g. two boards registered under one tracker key: ``start --name b1 ...``.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -69,8 +74,13 @@ class BoardPaths:
     """Paths of one board. (A plain class: a dataclass breaks loading this file via importlib
     without registering it in sys.modules.)"""
 
-    def __init__(self, board_dir: Path, rootfs: Path, site: Path, qemu: str):
+    def __init__(self, board_dir: Path, rootfs: Path, site: Path, qemu: str, name: str = ""):
         self.board_dir, self.rootfs, self.site, self.qemu = board_dir, rootfs, site, qemu
+        self.name = name  # the server instance: "" is the default one
+
+    @property
+    def _stem(self) -> str:
+        return f"rpc_server-{self.name}" if self.name else "rpc_server"
 
     def __repr__(self) -> str:
         return f"BoardPaths(board_dir={self.board_dir!s}, rootfs={self.rootfs!s}, site={self.site!s}, qemu={self.qemu})"
@@ -81,15 +91,15 @@ class BoardPaths:
 
     @property
     def pid_file(self) -> Path:
-        return self.board_dir / "rpc_server.pid"
+        return self.board_dir / f"{self._stem}.pid"
 
     @property
     def state_file(self) -> Path:
-        return self.board_dir / "rpc_server.json"
+        return self.board_dir / f"{self._stem}.json"
 
     @property
     def log_file(self) -> Path:
-        return self.board_dir / "logs" / "rpc_server.log"
+        return self.board_dir / "logs" / f"{self._stem}.log"
 
 
 def board_dir() -> Path:
@@ -97,11 +107,14 @@ def board_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "portable-pe" / "board"
 
 
-def board_paths(check: bool = False) -> BoardPaths:
-    """Where the board lives. With ``check=True`` raise BoardError if it is not built."""
+def board_paths(check: bool = False, name: str = "") -> BoardPaths:
+    """Where the board lives (and server instance `name`'s files). With ``check=True`` raise
+    BoardError if it is not built."""
+    if name and not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise BoardError(f"server name must be letters, digits, '_', '.' or '-', got {name!r}")
     d = board_dir()
     qemu = os.environ.get("PORTABLE_PE_QEMU") or shutil.which("qemu-aarch64") or "qemu-aarch64"
-    paths = BoardPaths(d, d / "rootfs", d / "site", qemu)
+    paths = BoardPaths(d, d / "rootfs", d / "site", qemu, name)
     if check:
         problems = []
         if not shutil.which(paths.qemu):
@@ -217,11 +230,11 @@ def _log_tail(path: Path, n: int = 30) -> str:
     return "\n".join(lines[-n:])
 
 
-def server_status() -> dict | None:
-    """{'pid', 'host', 'port', 'log', 'accepting'} of the running server, or None.
+def server_status(name: str = "") -> dict | None:
+    """{'pid', 'host', 'port', 'log', 'accepting'} of the running server `name`, or None.
 
     Removes stale pid/state files."""
-    p = board_paths()
+    p = board_paths(name=name)
     if not p.pid_file.exists():
         return None
     try:
@@ -239,27 +252,28 @@ def server_status() -> dict | None:
 
 
 def start_server(port: int = DEFAULT_PORT, timeout: float = DEFAULT_TIMEOUT, quiet: bool = True,
-                 tracker: tuple[str, int] | None = None, key: str = "") -> tuple[str, int]:
+                 tracker: tuple[str, int] | None = None, key: str = "", name: str = "") -> tuple[str, int]:
     """Start the board RPC server in the background (idempotent) and return (host, port).
 
     ``port=0`` picks a free port. With ``tracker=(host, port)`` the server registers with
     that RPC tracker under ``key`` (clients then come through the tracker). Waits at most
     ``timeout`` s for the port to accept connections; raises BoardError with the log tail
-    if the server dies or never listens."""
-    p = board_paths(check=True)
-    st = server_status()
+    if the server dies or never listens. ``name`` picks the server instance."""
+    p = board_paths(check=True, name=name)
+    st = server_status(name)
+    stop_hint = f"python scripts/board_server.py stop{' --name ' + name if name else ''}"
     wanted = [list(tracker), key] if tracker else None
     if st is not None:
         if st.get("tracker") != wanted:
             raise BoardError(
                 f"board RPC server already running on {st['host']}:{st['port']} (pid {st['pid']}) with "
-                f"tracker {st.get('tracker')}, not {wanted}; run `python scripts/board_server.py stop` first"
+                f"tracker {st.get('tracker')}, not {wanted}; run `{stop_hint}` first"
             )
         if port in (0, st["port"]):
             return st["host"], st["port"]
         raise BoardError(
             f"board RPC server already running on {st['host']}:{st['port']} (pid {st['pid']}); "
-            "run `python scripts/board_server.py stop` first"
+            f"run `{stop_hint}` first"
         )
     if port == 0:
         port = _free_port()
@@ -340,10 +354,10 @@ def _kill_group(pid: int, grace: float = 10.0) -> None:
             time.sleep(0.1)
 
 
-def stop_server() -> bool:
-    """Stop the board RPC server; False if none was running."""
-    p = board_paths()
-    st = server_status()
+def stop_server(name: str = "") -> bool:
+    """Stop the board RPC server `name`; False if none was running."""
+    p = board_paths(name=name)
+    st = server_status(name)
     if st is None:
         return False
     _kill_group(st["pid"])
@@ -361,8 +375,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     s.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds to wait (default %(default)s)")
     s.add_argument("--tracker", metavar="HOST:PORT", help="register with this TVM RPC tracker (needs --key)")
     s.add_argument("--key", default="", help="the key to register under, e.g. rasp4b64 or board")
-    sub.add_parser("stop", help="stop the RPC server")
-    sub.add_parser("status", help="report the RPC server")
+    for name, text in (("stop", "stop the RPC server"), ("status", "report the RPC server")):
+        sub.add_parser(name, help=text)
+    for cmd in (s, sub.choices["stop"], sub.choices["status"]):
+        cmd.add_argument("--name", default="", help="the server instance, for several at once (default: the one)")
     sub.add_parser("paths", help="print board paths")
     r = sub.add_parser("run", help="run a python script on the board")
     r.add_argument("--runtime-only", action="store_true", help="set TVM_USE_RUNTIME_LIB=1 (runtime-only tvm)")
@@ -378,12 +394,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if not t_host or not t_port.isdigit() or not a.key:
                     raise BoardError(f"--tracker needs HOST:PORT and --key KEY, got {a.tracker!r} key {a.key!r}")
                 tracker = (t_host, int(t_port))
-            host, port = start_server(a.port, a.timeout, quiet=False, tracker=tracker, key=a.key)
+            host, port = start_server(a.port, a.timeout, quiet=False, tracker=tracker, key=a.key, name=a.name)
             print(f"{host}:{port}")
         elif a.cmd == "stop":
-            print("stopped" if stop_server() else "not running")
+            print("stopped" if stop_server(a.name) else "not running")
         elif a.cmd == "status":
-            st = server_status()
+            st = server_status(a.name)
             if st is None:
                 print("not running")
                 return 1

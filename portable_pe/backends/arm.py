@@ -33,7 +33,7 @@ def cross_compiler() -> str:
 PRECISIONS = ("fp32", "int8")  # quant.PRECISIONS this backend builds; the first is the default
 
 
-def tvm_target(spec, *, board: str | None = None) -> tvm.target.Target:
+def tvm_target(spec, *, board: str | None = None, num_cores: int | None = None) -> tvm.target.Target:
     # Fail here, before the build, rather than after minutes of compiling.
     cross_compiler()
     boards = spec.options["board"]["choices"]
@@ -41,13 +41,34 @@ def tvm_target(spec, *, board: str | None = None) -> tvm.target.Target:
     if board not in boards:
         raise ValueError(f"unknown board {board!r} for target {spec.name!r}; valid: {', '.join(boards)}")
     if not boards[board]:
-        return llvm.with_reassociation(tvm.target.Target(dict(spec.tvm)))
-    target = tvm.target.Target(boards[board])
-    if target.kind.name != "llvm":  # e.g. a Jetson tag is its GPU; its CPU is the host part
-        target = target.host
-    if target is None or "aarch64" not in str(target.attrs.get("mtriple", "")):
-        raise ValueError(f"board {board!r}: TVM tag {boards[board]!r} has no aarch64 CPU target")
+        target = tvm.target.Target(dict(spec.tvm))
+    else:
+        target = tvm.target.Target(boards[board])
+        if target.kind.name != "llvm":  # e.g. a Jetson tag is its GPU; its CPU is the host part
+            target = target.host
+        if target is None or "aarch64" not in str(target.attrs.get("mtriple", "")):
+            raise ValueError(f"board {board!r}: TVM tag {boards[board]!r} has no aarch64 CPU target")
+    cores = _num_cores(spec, board, target, num_cores)
+    if cores is not None:
+        target = tvm.target.Target({**target.export(), "num-cores": cores})
     return llvm.with_reassociation(target)
+
+
+def _num_cores(spec, board: str, target, given) -> int | None:
+    """--num-cores, else the tag's own count, else targets/arm.toml's table, else None
+    (a compile needs none; MetaSchedule does, and tune says so)."""
+    if given is not None:
+        if isinstance(given, bool) or not isinstance(given, int) or given < 1:
+            raise ValueError(f"--num-cores must be a positive integer (the board's physical cores), got {given!r}")
+        return given
+    if "num-cores" in target.attrs:
+        return int(target.attrs["num-cores"])
+    return spec.options["board"].get("num_cores", {}).get(board)
+
+
+def tuning_variant(options: dict, target) -> str:
+    """Tuning databases are per board: targets/tuning/arm/<board>/<graph>/."""
+    return options["board"]
 
 
 def relax_pipeline(target):

@@ -36,12 +36,42 @@ def _host_spec():
     return load_target("llvm")
 
 
+def fusion_passes(target) -> list:
+    """Everything before scheduling in TVM's CUDA pipeline: the kernels tuning extracts
+    and the tuning database is keyed by (their structural hashes)."""
+    return [*_tvm_cuda().library_dispatch_passes(target), *_tvm_legalize(target)[0]]
+
+
 def relax_pipeline(target):
-    """TVM's CUDA pipeline: legalize, fuse, then dlight GPU rules (Matmul, GEMV, Reduction,
-    GeneralReduction, Fallback) so every loop is bound to blocks/threads. An unbound
-    kernel fails the build ("Did you forget to bind?"), so a build that succeeds is bound."""
-    from tvm.relax.backend.cuda.pipeline import get_default_pipeline
-    return get_default_pipeline(target)
+    """TVM's CUDA pipeline with the tuning database applied before its dlight GPU rules
+    (Matmul, GEMV, Reduction, GeneralReduction, Fallback), which then schedule every
+    kernel the database has nothing for, so every loop is bound to blocks/threads. An
+    unbound kernel fails the build ("Did you forget to bind?"), so a build that succeeds
+    is bound."""
+    from ..cpu_schedule.pipeline import ApplyTuningDatabase
+    cuda = _tvm_cuda()
+
+    @tvm.transform.module_pass(opt_level=0, name="PortablePECUDAPipeline")
+    def _pipeline(mod, _ctx):
+        fuse, dlight = _tvm_legalize(target)
+        with target:
+            return tvm.transform.Sequential([*cuda.library_dispatch_passes(target), *fuse, ApplyTuningDatabase, dlight,
+                                             *cuda.dataflow_lower_passes(target), *cuda.finalize_passes(target)])(mod)
+    return _pipeline
+
+
+def _tvm_cuda():
+    from tvm.relax.backend.cuda import pipeline
+    return pipeline
+
+
+def _tvm_legalize(target):
+    """TVM's CUDA legalize passes split before their last one, the dlight schedules."""
+    *fuse, dlight = _tvm_cuda().legalize_passes(target)
+    if "ApplyDefaultSchedule" not in str(dlight.info.name):
+        raise RuntimeError(f"TVM's CUDA legalize passes no longer end with dlight's ApplyDefaultSchedule "
+                           f"(last: {dlight.info.name}): portable_pe/backends/cuda.py needs updating")
+    return fuse, dlight
 
 
 def legalize_onnx(model, state):
@@ -79,3 +109,31 @@ def finalize(state) -> dict:
     state.dump("06-kernels.cu", source)
     return {"cuda": {"arch": str(state.tvm_target.arch), "kernels": sorted(kernel_names(source)),
                      "source_sha256": hashlib.sha256(source.encode()).hexdigest()}}
+
+
+def tuning_variant(options: dict, target) -> str:
+    """Tuning databases are per GPU arch: targets/tuning/cuda/<sm_XY>/<graph>/."""
+    return str(target.attrs["arch"])
+
+
+def check_tunable(target) -> None:
+    """Tuning builds candidates here, and TVM only compiles CUDA kernels to a binary where
+    its CUDA runtime is enabled (the NVIDIA driver is present); elsewhere a build holds CUDA
+    source only, which a GPU cannot load."""
+    if not tvm.runtime.enabled("cuda"):
+        raise ValueError("tuning for cuda builds each candidate on this machine, and TVM here has no CUDA runtime "
+                         "(no NVIDIA driver): its builds hold CUDA source only, which a GPU cannot load. Run "
+                         "`portable-pe tune --target cuda` on a machine with the driver (the GPU box itself, or a "
+                         "build machine with one) and point --rpc-tracker at the GPUs")
+
+
+def build_candidate(mod, target):
+    """A tuning candidate: TVM compiles its kernels through tvm_callback_cuda_compile, whose
+    default (NVRTC) needs the cuda-bindings package; use nvcc when it is on PATH and no
+    compiler was asked for (TVM_CUDA_COMPILE_MODE)."""
+    import os
+    import shutil
+    if shutil.which("nvcc") and "TVM_CUDA_COMPILE_MODE" not in os.environ:
+        os.environ["TVM_CUDA_COMPILE_MODE"] = "nvcc"
+    with target:
+        return tvm.compile(mod, target=target)
