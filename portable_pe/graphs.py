@@ -81,14 +81,18 @@ class GraphSpec:
 
 
 GRAPHS: dict[str, Path] = toml_registry(GRAPHS_DIR)
+#: graphs that exist to be measured against, not deployed (the no-position encoder);
+#: loadable by name like a shipped graph, but not in GRAPHS (nor in its tests)
+BASELINES: dict[str, Path] = toml_registry(GRAPHS_DIR / "baselines")
 
 
 def load_graph(name_or_path: str | Path) -> GraphSpec:
     """A shipped graph by name, or a TOML spec by path."""
     path = Path(name_or_path)
     if path.suffix != ".toml":
-        if str(name_or_path) not in GRAPHS:
-            raise ValueError(f"unknown graph {str(name_or_path)!r}; shipped graphs: {', '.join(GRAPHS)} "
-                             "(or give a .toml spec path or an .onnx file)")
-        path = GRAPHS[str(name_or_path)]
+        known = {**BASELINES, **GRAPHS}
+        if str(name_or_path) not in known:
+            raise ValueError(f"unknown graph {str(name_or_path)!r}; shipped graphs: {', '.join(GRAPHS)}, "
+                             f"baselines: {', '.join(BASELINES)} (or give a .toml spec path or an .onnx file)")
+        path = known[str(name_or_path)]
     return GraphSpec.from_dict(read_toml(path, what="graph spec"), source=str(path))
