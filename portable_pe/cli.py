@@ -23,6 +23,14 @@ def _lengths(text: str) -> list[int]:
     return values
 
 
+def _guide_targets(text: str) -> str:
+    from .guide import GUIDE_TARGETS
+    bad = [t for t in text.split(",") if t not in GUIDE_TARGETS]
+    if bad or not text:
+        raise argparse.ArgumentTypeError(f"unknown guide target(s) {bad or [text]}; valid: {', '.join(GUIDE_TARGETS)}")
+    return text
+
+
 def _shape(text: str) -> tuple[str, list[int]]:
     name, _, dims = text.partition("=")
     try:
@@ -202,11 +210,24 @@ def cmd_bench(args) -> int:
     return 0 if all(c.ok is not False for c in result.cells) else 1
 
 
-COMMANDS = {"compile": cmd_compile, "parity": cmd_parity, "run": cmd_run,
+def cmd_guide(args) -> int:
+    from .guide import render_from, run_guide
+    if args.from_json:
+        print(f"wrote {render_from(Path(args.from_json), args.out)}")
+        return 0
+    run_guide(graphs=args.graphs, targets=tuple(args.targets.split(",")), lengths=tuple(args.lengths),
+              batches=tuple(args.batch), out=args.out or Path("dist/guide"), threads=args.threads,
+              repeat=args.repeat, keep_work=args.keep_work, command="portable-pe " + " ".join(sys.argv[1:]),
+              log=lambda m: print(m, flush=True))
+    return 0
+
+
+COMMANDS = {"compile": cmd_compile, "guide": cmd_guide, "parity": cmd_parity, "run": cmd_run,
             "inspect": cmd_inspect, "list": cmd_list, "tune": cmd_tune, "deploy": cmd_deploy, "bench": cmd_bench}
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .guide import GUIDE_TARGETS
     from .targets import TARGETS
     parser = argparse.ArgumentParser(prog="portable-pe", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -267,6 +288,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="show a bundle's manifest (verifies checksums), or what an "
                                        ".onnx file holds and which nodes would block its compile")
     p.add_argument("bundle", help="bundle folder or .onnx file")
+
+    p = sub.add_parser("guide", help="measure what each position encoding costs on each target and length; "
+                                     "write a Markdown report, PNG plots and guide.json")
+    p.add_argument("--targets", default=",".join(GUIDE_TARGETS), type=_guide_targets,
+                   help=f"comma-separated, from {', '.join(GUIDE_TARGETS)} (default: all)")
+    p.add_argument("--lengths", type=_lengths, default=[128, 512, 2048, 4096], help="default 128,512,2048,4096")
+    p.add_argument("--batch", type=_lengths, default=[1, 8], help="llvm batch sizes (default 1,8)")
+    p.add_argument("--graphs", type=lambda t: [g for g in t.split(",") if g],
+                   help="graph names or .toml specs of one model (default: every shipped graph; the "
+                        "no-position baseline is added)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeat", type=int, default=5, help="at least this many timed runs per encoder and cell")
+    p.add_argument("--out", type=Path, help="report folder (default dist/guide)")
+    p.add_argument("--keep-work", action="store_true", help="keep the bundles and vendor builds (out/work)")
+    p.add_argument("--from", dest="from_json", metavar="GUIDE_JSON", help="measure nothing: render a guide.json again")
 
     p = sub.add_parser("bench", help="time PyTorch, torch.compile, onnxruntime and TVM on a graph, side by side")
     p.add_argument("graph", help="shipped graph name or a .toml spec")

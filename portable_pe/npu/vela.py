@@ -32,6 +32,9 @@ WORKER = Path(__file__).with_name("vela_worker.py")
 
 #: accelerator -> Vela's configuration: the MAC count and the system/memory setup from Vela's
 #: own Arm/vela.ini that fit each part (U55: SRAM + off-chip flash, U65/U85: SRAM + DRAM)
+#: npu profiles (targets/npu/NAME.toml) whose bundles hold a Vela build, and its accelerator
+PROFILE_ACCELERATORS = {"ethos-u85": "ethos-u85", "ethos-u55": "ethos-u55"}
+
 ACCELERATORS: dict[str, dict] = {
     "ethos-u85": {"name": "ethos-u85-256", "system_config": "Ethos_U85_SYS_DRAM_Mid",
                   "memory_mode": "Dedicated_Sram_384KB"},
@@ -52,8 +55,9 @@ class VelaJob:
 
 
 def calibration_count(seq_len: int) -> int:
-    """Calibration inputs: 8 at T=128, fewer for longer inputs (each holds more tokens)."""
-    return max(2, min(8, 1024 // seq_len))
+    """Calibration inputs: 8 at T=128, fewer for longer ones (each holds more tokens; two
+    at T=4096 took 44 s of calibration on a 2-core machine)."""
+    return max(1, min(8, 1024 // seq_len))
 
 
 def refusal(spec, seq_len: int) -> str | None:
@@ -71,6 +75,7 @@ def export_program(spec, seq_len: int, path: Path) -> dict:
     every position computation (sin/cos, RoPE tables, T5 buckets, ALiBi distances) becomes
     a constant, as the NPU graph needs; identical constants (a bias every layer recomputes)
     are kept once."""
+    import warnings
     import torch
     from torch.fx.experimental.const_fold import split_const_subgraphs
 
@@ -86,7 +91,9 @@ def export_program(spec, seq_len: int, path: Path) -> dict:
     start = time.perf_counter()
     example = (torch.zeros(1, seq_len, spec.model.d_model),)
     module = FixedPositions(spec.build()).eval()
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        # const_fold warns about every folded attribute it adds ("no underlying reference")
+        warnings.simplefilter("ignore", UserWarning)
         graph = torch.export.export(module, example).module()
         folded = split_const_subgraphs(graph)
         folded.run_folding()
@@ -149,39 +156,60 @@ def job_data(spec, seq_len: int, *, seed: int = 0) -> dict[str, np.ndarray]:
     return {"calibration": calibration, "check": check, "reference": reference}
 
 
-def compile_jobs(jobs: list[VelaJob], *, accelerators: list[str], work_dir: Path, threads: int = 2,
+def compile_jobs(jobs: list[VelaJob], *, accelerators: list[str], work_dir: Path, workers: int = 2,
                  log: Callable[[str], None] = print, python: Path | None = None,
                  timeout_s: float = 7200.0) -> list[dict]:
     """Each job through the worker; one result per job, in order. A job refused here, or
     failed in the worker, has ok=False and the reason (the vendor's words for the latter).
-    A worker crash fails the jobs it had not finished with the crash report."""
+    A worker crash fails the jobs it had not finished with the crash report.
+
+    The jobs are shared out among `workers` worker processes (longest first, so the loads
+    even out), each with one thread: the conversion is mostly single-threaded, and while
+    one worker converts, the programs of the next are exported here."""
+    import threading
     unknown = [a for a in accelerators if a not in ACCELERATORS]
     if unknown:
         raise ValueError(f"unknown Ethos-U accelerator(s) {unknown}; valid: {', '.join(ACCELERATORS)}")
     work_dir.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict] = {}
-    request = {"threads": threads, "vela_config": "Arm/vela.ini", "jobs": []}
+    todo = []
     for job in jobs:
         why = refusal(job.spec, job.seq_len)
         if why:
             results[job.id] = {"id": job.id, "ok": False, "stage": "export", "error": why}
-            continue
-        stem = job.id.replace("/", "-")
-        log(f"  ethos-u: exporting {job.id} (positions folded)")
-        info = export_program(job.spec, job.seq_len, work_dir / f"{stem}.pt2")
-        np.savez(work_dir / f"{stem}.npz", **job_data(job.spec, job.seq_len))
-        results[job.id] = {"id": job.id, "export": info}
-        request["jobs"].append({"id": job.id, "program": f"{stem}.pt2", "data": f"{stem}.npz", "out": stem,
-                                "accelerators": [ACCELERATORS[a] for a in accelerators]})
-    if request["jobs"]:
-        log(f"  ethos-u: converting, quantizing and compiling {len(request['jobs'])} model(s) with Vela "
-            f"({', '.join(accelerators)}) in the {TOOLCHAIN} toolchain")
-        done, crash = _run(request, work_dir=work_dir, python=python, timeout_s=timeout_s)
-        for job in request["jobs"]:
-            entry = done.get(job["id"]) or {"id": job["id"], "ok": False, "stage": "worker",
-                                            "error": crash or "the worker wrote no result for this job"}
-            results[job["id"]].update(_relative(entry, work_dir))
+        else:
+            todo.append(job)
+    todo.sort(key=lambda j: -j.seq_len)
+    groups = [todo[i::max(1, workers)] for i in range(max(1, workers))]
+    threads = []
+    for index, group in enumerate(g for g in groups if g):
+        folder = work_dir / f"worker{index}"
+        folder.mkdir(parents=True, exist_ok=True)
+        request = {"threads": 1 if workers > 1 else 2, "vela_config": "Arm/vela.ini", "jobs": []}
+        for job in group:
+            stem = job.id.replace("/", "-")
+            log(f"  ethos-u: exporting {job.id} (positions folded)")
+            info = export_program(job.spec, job.seq_len, folder / f"{stem}.pt2")
+            np.savez(folder / f"{stem}.npz", **job_data(job.spec, job.seq_len))
+            results[job.id] = {"id": job.id, "export": info}
+            request["jobs"].append({"id": job.id, "program": f"{stem}.pt2", "data": f"{stem}.npz", "out": stem,
+                                    "accelerators": [ACCELERATORS[a] for a in accelerators]})
+        log(f"  ethos-u: worker {index}: converting, quantizing and compiling {len(group)} model(s) with Vela "
+            f"({', '.join(accelerators)})")
+        thread = threading.Thread(target=_run_group, args=(request, folder, results, python, timeout_s))
+        thread.start()
+        threads.append(thread)
+    for thread in threads:
+        thread.join()
     return [results[job.id] for job in jobs]
+
+
+def _run_group(request: dict, folder: Path, results: dict, python, timeout_s: float) -> None:
+    done, crash = _run(request, work_dir=folder, python=python, timeout_s=timeout_s)
+    for job in request["jobs"]:
+        entry = done.get(job["id"]) or {"id": job["id"], "ok": False, "stage": "worker",
+                                        "error": crash or "the worker wrote no result for this job"}
+        results[job["id"]].update(_relative(entry, folder))
 
 
 def _run(request: dict, *, work_dir: Path, python, timeout_s: float) -> tuple[dict[str, dict], str | None]:

@@ -186,7 +186,9 @@ def run_job(job: dict, *, threads: int, config: str) -> dict:
             data = {k: npz[k] for k in npz.files}
         entry.update(convert_int8(Path(job["program"]), data, out, threads=threads))
         stage = "accuracy"
+        start = time.perf_counter()
         entry["accuracy"] = int8_accuracy(Path(entry["int8_tflite"]), data, threads=threads)
+        entry["accuracy_s"] = time.perf_counter() - start
         entry["tflite_ops"] = tflite_ops(Path(entry["int8_tflite"]))
         stage = "vela"
         entry["vela"] = {acc["name"]: run_vela(Path(entry["int8_tflite"]), acc, out / acc["name"], config=config)
