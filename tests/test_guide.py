@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from portable_pe.guide import GUIDE_TARGETS, render_from, resolve_graphs, run_guide
-from portable_pe.guide.claims import CLAIMS
+from portable_pe.guide.claims import CLAIMS, evaluate
 from portable_pe.guide.npu import NPU_VENDORS, REPORT_KEYS, NpuJob, NpuVendor, npu_report, run_vendor
 from portable_pe.guide.report import fmt_ms, fmt_pct, render
 from portable_pe.graphs import load_graph
@@ -70,12 +70,17 @@ def test_latency_memory_and_profile_cells_are_the_jsons(tiny_run):
 def test_report_is_rendered_from_the_json_alone(tiny_run, tmp_path):
     out, result = tiny_run
     edited = json.loads((out / "guide.json").read_text())
-    cell = next(r for r in edited["llvm"]["latency"] if r["graph"] == "tiny_rope" and r["ok"])
+    cell = next(r for r in edited["llvm"]["latency"] if r["graph"] == "tiny_rope" and r["seq"] == 48)
     cell["median_ms"] = 987.654
     (tmp_path / "guide.json").write_text(json.dumps(edited))
     md = render_from(tmp_path / "guide.json").read_text()
     assert "988" in _row(md, "## llvm (this CPU): latency", "tiny_rope")
+    edited["claims"] = evaluate(edited)  # verdicts are derived from the numbers again
     assert md == render(edited, plots={"llvm": "guide-llvm.png"})
+    rope_long = next(c for c in edited["claims"] if c["key"] == "rope_long")
+    over = 987.654 / next(r["median_ms"] for r in edited["llvm"]["latency"]
+                          if r["graph"] == "tiny_none" and r["seq"] == 48) - 1
+    assert f"B=1 T=48 {fmt_pct(over)} vs none" in rope_long["measured"]["llvm"]
 
 
 def test_length_section_compares_beyond_the_example_and_names_the_refusal(tiny_run):

@@ -74,7 +74,7 @@ def run_guide(*, graphs: list[str] | None = None, targets: tuple[str, ...] = tup
     import torch
     import tvm
     from .. import __version__
-    from . import claims, cpu, lengths as length_checks, tables
+    from . import claims
     unknown = [t for t in targets if t not in GUIDE_TARGETS]
     if unknown:
         raise ValueError(f"unknown guide target(s) {unknown}; valid: {', '.join(GUIDE_TARGETS)}")
@@ -95,15 +95,33 @@ def run_guide(*, graphs: list[str] | None = None, targets: tuple[str, ...] = tup
               "timings_s": {}, "npu": {}}
     log(f"guide: {len(specs)} encoders ({', '.join(specs)}), targets {', '.join(targets)}, "
         f"lengths {', '.join(map(str, lengths))}, batches {', '.join(map(str, batches))} -> {out}")
+    try:
+        _measure(result, sources, specs, baseline, targets=targets, work=work, log=log)
+    finally:
+        if not keep_work:  # bundles and vendor builds: gigabytes at T=4096
+            shutil.rmtree(work, ignore_errors=True)
+    result["timings_s"]["total"] = time.perf_counter() - start
+    result["claims"] = claims.evaluate(result)
+    write_report(result, out)
+    log(f"guide: wrote {out / 'guide.md'}, {out / 'guide.json'} ({result['timings_s']['total']:.0f} s)")
+    return result
+
+
+def _measure(result: dict, sources: dict, specs: dict, baseline: str, *, targets, work: Path,
+             log: Callable[[str], None]) -> None:
+    from . import cpu, lengths as length_checks, tables
+    from .npu import NpuJob, run_vendor
+    s = result["settings"]
+    lengths, batches, threads = tuple(s["lengths"]), tuple(s["batches"]), s["threads"]
     if "llvm" in targets:
-        settings = cpu.CpuSettings(batches=tuple(batches), lengths=tuple(lengths), threads=threads, repeat=repeat)
-        result["settings"].update(profile_batch=settings.profile_batch, profile_runs=settings.profile_runs)
+        settings = cpu.CpuSettings(batches=batches, lengths=lengths, threads=threads, repeat=s["repeat"])
+        s.update(profile_batch=settings.profile_batch, profile_runs=settings.profile_runs)
         t = time.perf_counter()
         result["llvm"] = cpu.measure(sources, baseline=baseline, settings=settings, work_dir=work / "llvm", log=log)
         result["timings_s"]["llvm"] = time.perf_counter() - t
         t = time.perf_counter()
         result["lengths"] = length_checks.check(specs, result["llvm"]["bundles"])
-        result["tables"] = {"materialized": tables.materialized(specs, tuple(lengths)),
+        result["tables"] = {"materialized": tables.materialized(specs, lengths),
                             "builds": tables.compare_builds(specs, sources, result["llvm"]["bundles"],
                                                             lengths=tuple(n for n in lengths if n <= 512) or lengths[:1],
                                                             threads=threads, work_dir=work / "llvm", log=log)}
@@ -112,22 +130,13 @@ def run_guide(*, graphs: list[str] | None = None, targets: tuple[str, ...] = tup
         if target == "llvm":
             continue
         vendor = target[len("npu-"):]
-        from .npu import NpuJob, run_vendor
         t = time.perf_counter()
         jobs = [NpuJob(spec, n) for spec in specs.values() for n in lengths]
         result["npu"][vendor] = run_vendor(vendor, jobs, work_dir=work / vendor, log=log)
         _add_position_work(result["npu"][vendor], baseline)
         result["timings_s"][target] = time.perf_counter() - t
-        versions = next((e for e in _vendor_versions(work / vendor)), None)
-        if versions:
+        for versions in _vendor_versions(work / vendor):
             result["versions"].update(versions)
-    result["timings_s"]["total"] = time.perf_counter() - start
-    result["claims"] = claims.evaluate(result)
-    write_report(result, out)
-    if not keep_work:
-        shutil.rmtree(work, ignore_errors=True)
-    log(f"guide: wrote {out / 'guide.md'}, {out / 'guide.json'} ({result['timings_s']['total']:.0f} s)")
-    return result
 
 
 def _add_position_work(vendor_result: dict, baseline: str) -> None:
@@ -156,14 +165,13 @@ def write_report(result: dict, out: Path) -> None:
 
 
 def render_from(json_path: Path, out: Path | None = None) -> Path:
-    """Render guide.md (and plots) again from a guide.json."""
+    """Render guide.md (and plots) again from a guide.json; the claims' verdicts are derived
+    again from its numbers (the rules may have changed since the run), and saved with it."""
+    from . import claims
     result = json.loads(Path(json_path).read_text())
-    folder = out or Path(json_path).parent
-    from . import report
-    folder.mkdir(parents=True, exist_ok=True)
-    plots = report.plot(result, folder)
-    _atomic(folder / "guide.md", report.render(result, plots=plots))
-    return folder / "guide.md"
+    result["claims"] = claims.evaluate(result)
+    write_report(result, out or Path(json_path).parent)
+    return (out or Path(json_path).parent) / "guide.md"
 
 
 def _atomic(path: Path, text: str) -> None:

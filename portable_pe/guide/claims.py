@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import statistics
 
+from .report import fmt_pct
+
 HOLDS, PARTLY, FAILS, UNMEASURED = "holds", "partly holds", "does not hold", "not measured"
 ABSOLUTE, RELATIVE = ("sinusoidal", "learned"), ("t5_bias", "alibi")
 #: "about 35%": the claim holds when the measured overhead lies within this range
@@ -42,10 +44,6 @@ def _first(result: dict, encoding: str) -> str | None:
     return names[0] if names else None
 
 
-def _pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{100 * value:+.0f}%"
-
-
 def _ratio(a, b):
     return None if a is None or b is None or not b else a / b - 1
 
@@ -64,7 +62,7 @@ def absolute_for_short_fixed(result: dict) -> dict:
                 if g["name"] != base}
         over = {k: v for k, v in over.items() if v is not None}
         if over:
-            measured[f"llvm B={batch} T={short}"] = ", ".join(f"{k} {_pct(v)}" for k, v in over.items()) + " vs none"
+            measured[f"llvm B={batch} T={short}"] = ", ".join(f"{k} {fmt_pct(v)}" for k, v in over.items()) + " vs none"
             cheap += [v for k, v in over.items() if _encoding(result, k) in ABSOLUTE]
             others += [v for k, v in over.items() if _encoding(result, k) not in ABSOLUTE]
     refusals = [f"{row['graph']} refuses T={row['seq']}" for row in result.get("llvm", {}).get("latency", [])
@@ -89,12 +87,12 @@ def relative_bias_overhead(result: dict) -> dict:
         for batch in result["settings"]["batches"]:
             v = _ratio(_latency(result, t5, batch, 512), _latency(result, sin, batch, 512))
             if v is not None:
-                measured[f"llvm B={batch} T=512"] = f"t5_bias {_pct(v)} vs sinusoidal"
+                measured[f"llvm B={batch} T=512"] = f"t5_bias {fmt_pct(v)} vs sinusoidal"
                 values.append(v)
         for column in _columns(result):
             v = _ratio(_npu_ms(result, column, t5, 512), _npu_ms(result, column, sin, 512))
             if v is not None:
-                measured[f"{column} T=512"] = f"t5_bias {_pct(v)} vs sinusoidal (Vela estimate)"
+                measured[f"{column} T=512"] = f"t5_bias {fmt_pct(v)} vs sinusoidal (Vela estimate)"
                 values.append(v)
     if not values:
         return _row("relative_bias", measured, UNMEASURED)
@@ -118,7 +116,13 @@ def rope_long_variable(result: dict) -> dict:
                         f"{' except ' + ', '.join(map(str, refused)) if refused else ''} from one dynamic build; "
                         f"outputs at {', '.join(str(c['seq']) for c in length_row['checks']) if length_row else '?'} "
                         f"(beyond the export example) {'match' if parity else 'do not match'} PyTorch; "
-                        + ", ".join(f"B={b} T={long} {_pct(v)} vs none" for b, v in over.items())}
+                        + ", ".join(f"B={b} T={long} {fmt_pct(v)} vs none" for b, v in over.items())}
+    for column in _columns(result):
+        built = sorted(r["seq_len"] for vendor in result["npu"].values() for r in vendor["reports"].get(column, [])
+                       if r["graph"] == rope and r["ok"])
+        v = _ratio(_npu_ms(result, column, rope, long), _npu_ms(result, column, result["baseline"], long))
+        measured[column] = (f"static: one build per length, built at T={', '.join(map(str, built)) or 'none'}; "
+                            f"T={long} {fmt_pct(v)} vs none (Vela estimate)")
     verdict = HOLDS if not refused and parity else PARTLY if parity or not refused else FAILS
     return _row("rope_long", measured, verdict)
 
@@ -134,13 +138,13 @@ def rope_low_resource(result: dict) -> dict:
         cpu = next((row["ops_cpu"] for vendor in result["npu"].values() for row in vendor["reports"].get(column, [])
                     if row["graph"] == rope and row["seq_len"] == short), None)
         if r is not None and s is not None:
-            measured[f"{column} T={short}"] = (f"rope {_pct(r)}, sinusoidal {_pct(s)} vs none (Vela estimate); "
+            measured[f"{column} T={short}"] = (f"rope {fmt_pct(r)}, sinusoidal {fmt_pct(s)} vs none (Vela estimate); "
                                                f"{cpu} rope operator(s) left to the CPU")
             heavier.append(r > s + NOISE and r > NOISE)
     if "llvm" in result and rope:
         for row in result["llvm"].get("profile", []):
             if row["graph"] == rope and row["seq"] == short:
-                measured["llvm profile"] = f"RoPE kernels {_pct(row['position_share'])} of the run at T={short}"
+                measured["llvm profile"] = f"RoPE kernels {fmt_pct(row['position_share'])} of the run at T={short}"
     if not heavier:
         return _row("rope_low_resource", measured, UNMEASURED)
     return _row("rope_low_resource", measured, HOLDS if all(heavier) else FAILS)
@@ -191,7 +195,7 @@ def int8_tables(result: dict) -> dict:
             measured[f"llvm {b['graph']}"] = (f"model.onnx {b['model_onnx_bytes']['fp32'] / 2**20:.3g} -> "
                                               f"{b['model_onnx_bytes']['int8'] / 2**20:.3g} MiB; max abs error "
                                               f"{max(c['int8_max_abs'] for c in cells):.2g} (fp32 "
-                                              f"{max(c['fp32_max_abs'] for c in cells):.2g}); latency {_pct(slower)}")
+                                              f"{max(c['fp32_max_abs'] for c in cells):.2g}); latency {fmt_pct(slower)}")
             ok.append(all(c["int8_ok"] for c in cells))
     if not rows:
         return _row("int8_tables", measured, UNMEASURED)

@@ -177,16 +177,18 @@ def measure(graphs: dict[str, str], *, baseline: str, settings: CpuSettings, wor
                     refused[name] = str(err)
             log(f"  llvm: B={batch} T={seq}: timing {len(args)} encoder(s) round-robin"
                 f"{' (refused: ' + ', '.join(refused) + ')' if refused else ''}")
+            # the memory run from an empty pool is also each encoder's warm-up run
+            grown = {n: run_memory(runners[n].vm, args[n]) for n in args}
             times = interleave({n: (lambda r=runners[n], a=args[n]: r.vm["main"](*a)) for n in args},
                                repeat=settings.repeat, min_time_s=settings.min_time_s,
-                               max_time_s=settings.max_time_s, warmup=1)
+                               max_time_s=settings.max_time_s, warmup=0)
             for name in runners:
                 cell = {"graph": name, "batch": batch, "seq": seq}
                 if name in refused:
                     latency.append({**cell, "ok": False, "error": refused[name]})
                     continue
                 latency.append({**cell, "ok": True, **summarize(times[name])})
-                memory.append({**cell, "run_bytes": run_memory(runners[name].vm, args[name])})
+                memory.append({**cell, "run_bytes": grown[name]})
             if batch == settings.profile_batch and baseline in args:
                 base = profile(runners[baseline].profile_vm, args[baseline], hashes[baseline],
                                runs=settings.profile_runs)

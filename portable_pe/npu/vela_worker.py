@@ -40,8 +40,14 @@ def _write_result(result: dict) -> None:
 
 
 def _versions() -> dict:
-    from importlib.metadata import version
-    return {p: version(p) for p in ("ethos-u-vela", "litert-torch", "ai-edge-quantizer", "ai-edge-litert", "torch")}
+    from importlib.metadata import PackageNotFoundError, version
+    found = {}
+    for package in ("ethos-u-vela", "litert-torch", "ai-edge-quantizer", "ai-edge-litert", "torch"):
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            found[package] = None  # the job that needs it fails, in its own words
+    return found
 
 
 def convert_int8(program: Path, data, out: Path, *, threads: int) -> dict:
