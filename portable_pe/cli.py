@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import sys
 from pathlib import Path
 
 #: export.EXPORTERS with the default first, spelled out because importing export.py loads
@@ -59,6 +60,14 @@ def _seconds(lo: float, hi: float):
             raise argparse.ArgumentTypeError(f"expected seconds in {lo:g}..{hi:g}, got {text}")
         return value
     return parse
+
+
+def _guide_targets(text: str) -> str:
+    from .guide import GUIDE_TARGETS
+    bad = [t for t in text.split(",") if t not in GUIDE_TARGETS]
+    if bad or not text:
+        raise argparse.ArgumentTypeError(f"unknown guide target(s) {bad or [text]}; valid: {', '.join(GUIDE_TARGETS)}")
+    return text
 
 
 def _shape(text: str) -> tuple[str, list[int]]:
@@ -331,12 +340,28 @@ def _bench_precheck(args, settings) -> None:
             raise ValueError(f"--batch {max(settings.batches)}: graph {spec.name!r} accepts batch sizes 1..{spec.max_batch}")
 
 
-COMMANDS = {"compile": cmd_compile, "parity": cmd_parity, "run": cmd_run,
+def cmd_guide(args) -> int:
+    from .guide import render_from, run_guide
+    from .out_paths import output_folder
+    output_folder(args.out if args.out is not None else "dist/guide", option="--out",
+                  files=("guide.md", "guide.json"))
+    if args.from_json:
+        print(f"wrote {render_from(Path(args.from_json), args.out)}")
+        return 0
+    run_guide(graphs=args.graphs, targets=tuple(args.targets.split(",")), lengths=tuple(args.lengths),
+              batches=tuple(args.batch), out=args.out or Path("dist/guide"), threads=args.threads,
+              repeat=args.repeat, keep_work=args.keep_work, command="portable-pe " + " ".join(sys.argv[1:]),
+              log=lambda m: print(m, flush=True))
+    return 0
+
+
+COMMANDS = {"compile": cmd_compile, "guide": cmd_guide, "parity": cmd_parity, "run": cmd_run,
             "inspect": cmd_inspect, "list": cmd_list, "tune": cmd_tune, "deploy": cmd_deploy, "bench": cmd_bench}
 
 
 def build_parser() -> argparse.ArgumentParser:
     from .quant import PRECISIONS
+    from .guide import GUIDE_TARGETS
     from .targets import TARGETS
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
@@ -425,6 +450,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="show a bundle's manifest (verifies checksums), or what an "
                                        ".onnx file holds and which nodes would block its compile")
     p.add_argument("bundle", help="bundle folder or .onnx file")
+
+    p = sub.add_parser("guide", help="measure what each position encoding costs on each target and length; "
+                                     "write a Markdown report, PNG plots and guide.json")
+    p.add_argument("--targets", default=",".join(GUIDE_TARGETS), type=_guide_targets,
+                   help=f"comma-separated, from {', '.join(GUIDE_TARGETS)} (default: all)")
+    p.add_argument("--lengths", type=_lengths, default=[128, 512, 2048, 4096], help="default 128,512,2048,4096")
+    p.add_argument("--batch", type=_lengths, default=[1, 8], help="llvm batch sizes (default 1,8)")
+    p.add_argument("--graphs", type=lambda t: [g for g in t.split(",") if g],
+                   help="graph names or .toml specs of one model (default: every shipped graph; the "
+                        "no-position baseline is added)")
+    p.add_argument("--threads", type=_int_in(1, 1024), default=2, help="threads for every build (default 2)")
+    p.add_argument("--repeat", type=_int_in(1, 1_000_000), default=5, help="at least this many timed runs per encoder and cell")
+    p.add_argument("--out", type=Path, help="report folder (default dist/guide)")
+    p.add_argument("--keep-work", action="store_true", help="keep the bundles and vendor builds (out/work)")
+    p.add_argument("--from", dest="from_json", metavar="GUIDE_JSON", help="measure nothing: render a guide.json again")
 
     p = sub.add_parser("bench", help="time PyTorch, torch.compile, onnxruntime, OpenVINO and TVM (float32 and "
                                      "int8) on a graph, side by side")

@@ -11,4 +11,5 @@ ENCODING_NOTES = {
     "rope": "rotary q/k; long and variable-length inputs, relative by construction",
     "alibi": "linear distance penalty; extrapolates to lengths longer than training",
     "hybrid": "per-layer mix, e.g. RoPE low, relative bias high",
+    "none": "no position information: the baseline `portable-pe guide` measures the others against",
 }

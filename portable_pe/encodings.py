@@ -45,6 +45,11 @@ def _exporting() -> bool:
     return torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.compiler.is_exporting()
 
 
+class NoPosition(PositionEncoding):
+    """No position information at all (every hook is the identity): the baseline that the
+    guide measures every encoding against. The encoder is then permutation-equivariant."""
+
+
 class Sinusoidal(PositionEncoding):
     """Vaswani et al.: PE(p, 2i) = sin(p / base^(2i/d)), PE(p, 2i+1) = cos(p / base^(2i/d))."""
 
@@ -214,6 +219,7 @@ ENCODINGS: dict[str, type[PositionEncoding]] = {
     "rope": Rotary,
     "alibi": ALiBi,
     "hybrid": Hybrid,
+    "none": NoPosition,
 }
 
 _DIMENSION_ARGS = ("d_model", "n_heads", "head_dim", "n_layers")

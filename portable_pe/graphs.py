@@ -67,6 +67,9 @@ class GraphSpec:
 
 
 GRAPHS: dict[str, Path] = toml_registry(GRAPHS_DIR)
+#: graphs that exist to be measured against, not deployed (the no-position encoder);
+#: loadable by name like a shipped graph, but not in GRAPHS (nor in its tests)
+BASELINES: dict[str, Path] = toml_registry(GRAPHS_DIR / "baselines")
 
 
 def load_graph(name_or_path: str | Path) -> GraphSpec:
@@ -83,8 +86,9 @@ def read_spec(name_or_path: str | Path) -> tuple[dict, str]:
         if path.is_dir():
             raise ValueError(f"{name_or_path} is a folder; expected a shipped graph name ({', '.join(GRAPHS)}), "
                              "a .toml spec or an .onnx file")
-        if str(name_or_path) not in GRAPHS:
-            raise ValueError(f"unknown graph {str(name_or_path)!r}; shipped graphs: {', '.join(GRAPHS)} "
-                             "(or give a .toml spec path or an .onnx file)")
-        path = GRAPHS[str(name_or_path)]
+        known = {**BASELINES, **GRAPHS}
+        if str(name_or_path) not in known:
+            raise ValueError(f"unknown graph {str(name_or_path)!r}; shipped graphs: {', '.join(GRAPHS)}, "
+                             f"baselines: {', '.join(BASELINES)} (or give a .toml spec path or an .onnx file)")
+        path = known[str(name_or_path)]
     return validate_spec(read_toml(path, what="graph spec"), source=str(path)), str(path)

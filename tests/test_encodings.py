@@ -191,4 +191,15 @@ def test_bad_encoding_options_are_named(name, options, message):
 
 
 def test_registry_is_complete():
-    assert set(ENCODINGS) == {"sinusoidal", "learned", "t5_bias", "rope", "alibi", "hybrid"}
+    assert set(ENCODINGS) == {"sinusoidal", "learned", "t5_bias", "rope", "alibi", "hybrid", "none"}
+
+
+def test_no_position_encoder_is_permutation_equivariant_and_the_others_are_not():
+    """The baseline carries no position: permuting the tokens only permutes the outputs."""
+    from portable_pe.graphs import load_graph
+    x, perm = torch.randn(1, 12, 256, generator=torch.Generator().manual_seed(0)), torch.randperm(12)
+    for name, equivariant in (("none", True), ("sinusoidal", False), ("rope", False)):
+        model = load_graph(name).build()
+        with torch.no_grad():
+            out, out_perm = model(x, torch.arange(12)), model(x[:, perm], torch.arange(12))
+        assert torch.allclose(out[:, perm], out_perm, atol=1e-5) is equivariant, name

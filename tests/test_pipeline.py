@@ -10,7 +10,7 @@ import pytest
 
 from portable_pe.encodings import ENCODINGS
 from portable_pe.export import get_metadata
-from portable_pe.graphs import GRAPHS, load_graph
+from portable_pe.graphs import BASELINES, GRAPHS, load_graph
 from portable_pe.parity import DEFAULT_LENGTHS, check_bundle
 from portable_pe.simplify import op_counts
 
@@ -23,11 +23,12 @@ TABLE_OPS = {
     "rope": {"Sin": 1, "Cos": 1},
     "alibi": {"Abs": 1},
     "hybrid": {"Sin": 1, "Cos": 1, "Log": 1},
+    "none": {},
 }
 
 
 def test_every_encoding_has_a_shipped_graph_and_structure_expectations():
-    shipped = {load_graph(name).encoding for name in GRAPHS}
+    shipped = {load_graph(name).encoding for name in [*GRAPHS, *BASELINES]}
     assert set(ENCODINGS) <= shipped, f"encodings without a shipped graph: {set(ENCODINGS) - shipped}"
     assert set(ENCODINGS) == set(TABLE_OPS), "every encoding needs a TABLE_OPS entry in this test"
 
