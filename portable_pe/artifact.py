@@ -146,7 +146,9 @@ def load_bundle(path: str | Path, *, verify: bool = True) -> Bundle:
             if sha256_file(file) != expected:
                 raise BundleError(f"{file} does not match its checksum in {MANIFEST}: "
                                   "the file was modified or truncated; recompile or re-copy the bundle")
-        unlisted = sorted(p.name for p in path.iterdir() if p.name != MANIFEST and p.name not in manifest["files"])
+        listed = {*manifest["files"], MANIFEST}
+        unlisted = sorted(str(p.relative_to(path)) for p in path.rglob("*")
+                          if p.is_file() and str(p.relative_to(path)) not in listed)
         if unlisted:
             raise BundleError(f"{path} holds {', '.join(unlisted)}, which {MANIFEST}'s checksum list does not "
                               "cover: a bundle must hold only the files it lists (it was changed after it was "

@@ -26,7 +26,7 @@ import numpy as np
 
 from .bench_engines import ENGINES, NO_INT8, NO_TUNING, PEERS, POOLS, precision_of
 from .bench_report import BenchResult, Cell
-from .parity import compare, dim_roles, make_inputs, torch_reference, usable_lengths
+from .parity import TOLERANCES, compare, dim_roles, make_inputs, torch_reference, usable_lengths
 from .threads import DEFAULT_THREADS, set_threads
 from .tuning_db import database_dir, tuned_points
 
@@ -185,6 +185,12 @@ def bench_graph(graph: str, *, settings: Settings = Settings(), tuned: str | Pat
         except Exception as err:  # a missing engine is a table cell, not a crash
             broken[name] = _why(err)
     tolerances = {"fp32": manifest.get("tolerance"), "int8": int8.manifest.get("tolerance") if int8 else None}
+    env["compute_precision"] = ctx.get("compute_precision", {})
+    for name, precision in env["compute_precision"].items():
+        if precision in ("bf16", "f16") and precision_of(name) == "fp32":
+            tolerances[name] = {"float32": dict(TOLERANCES["bf16_compute"])}
+            log(f"note: {name} computes in {precision} on this CPU (its default INFERENCE_PRECISION_HINT); "
+                "its accuracy is judged by the bf16 tolerance")
     reference = torch_reference(manifest["graph"]["spec"]) if manifest["graph"]["spec"] else None
     total = len(settings.batches) * len(settings.lengths)
     for i, (b, t) in enumerate(((b, t) for b in settings.batches for t in settings.lengths), 1):
@@ -245,7 +251,7 @@ def _bench_cell(engines, broken, reference, manifest, tolerances, settings, b, t
             cell.error = _why(err)
             continue
         if expected is not None:
-            rows = compare(expected, got, name=name, length=t, tolerance_overrides=tolerances[precision_of(name)])
+            rows = compare(expected, got, name=name, length=t, tolerance_overrides=tolerances.get(name, tolerances[precision_of(name)]))
             cell.max_abs, cell.ok = max(r.max_abs for r in rows), all(r.ok for r in rows)
             cell.cosine = min(r.cosine for r in rows)
         runs[name] = run

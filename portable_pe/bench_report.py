@@ -81,6 +81,10 @@ class BenchResult:
             parts.append(self._table(f"### bench: {self.graph}, int8, {head}; median ms ± IQR (latency / {PEERS['int8']})",
                                      int8, extra, lambda b, t: [_ratio(self.cell("tvm-int8", b, t), self.cell("tvm", b, t))]))
             parts.append(self._accuracy_table(int8))
+        lowered = {e: p for e, p in self.environment.get("compute_precision", {}).items() if p not in ("f32", "fp32")}
+        if lowered:
+            parts.append("Computed below float32 at the engine's defaults on this CPU: " +
+                         ", ".join(f"{e} in {p}" for e, p in lowered.items()) + " (INFERENCE_PRECISION_HINT).")
         return "\n\n".join(parts)
 
     def _table(self, title, engines, extra, extra_cells) -> str:

@@ -54,7 +54,7 @@ def describe_io(model, spec) -> dict:
                 dims[d] = {"role": dim_role(axis, len(io["dims"])), "min": 1, "max": FOREIGN_DIM_MAX}
     from .kv_cache import past_dims
     for d in past_dims(inputs, outputs):  # a KV cache's past length: 0 at the prefill
-        dims[d]["min"] = 0
+        dims[d].update(min=0, past=True)
     if spec is not None:
         dims = {BATCH: {"role": BATCH, "min": 1, "max": spec.max_batch},
                 SEQ: {"role": SEQ, "min": 1, "max": spec.max_length}}

@@ -41,7 +41,7 @@ class _ListOf:
 
 _NUMBER = (int, float)
 _IO = {"name": str, "dtype": str, "dims": _ListOf((int, str))}
-_DIM = {"role": _Choice(*ROLES), "min": int, "max": int, "why?": str}
+_DIM = {"role": _Choice(*ROLES), "min": int, "max": int, "why?": str, "past?": bool}
 SCHEMA = {
     "format_version": int,
     "graph": {"name": str, "source": _Choice("spec", "onnx"), "spec": (dict, type(None))},
@@ -66,9 +66,10 @@ def validate_manifest(manifest, *, where: str) -> dict:
     if isinstance(manifest, dict) and "files" not in manifest:
         fail("it has no checksum list (`files`): the bundle cannot be verified")
     _check(manifest, SCHEMA, where, "")
-    bad = [name for name in manifest["files"] if "/" in name or name in ("", ".", "..") or name.startswith(".")]
+    bad = [name for name in manifest["files"] if not _is_bundle_path(name)]
     if bad:
-        fail(f"the checksum list `files` names {bad[0]!r}; expected plain file names in the bundle folder")
+        fail(f"the checksum list `files` names {bad[0]!r}; expected file names inside the bundle folder "
+             "(subfolders allowed, e.g. rknn/model.rknn; no '..', no absolute or hidden parts)")
     missing = [name for name in REQUIRED_FILES if name not in manifest["files"]]
     if missing:
         fail(f"the checksum list `files` lacks {', '.join(missing)}: the bundle cannot be verified")
@@ -81,14 +82,22 @@ def validate_manifest(manifest, *, where: str) -> dict:
                 if isinstance(dim, int) and dim < 1:
                     fail(f"`{kind}[{i}].dims` has size {dim}; sizes must be >= 1")
     for name, info in dims.items():
-        if not 1 <= info["min"] <= info["max"]:
-            fail(f"`dims.{name}` allows {info['min']}..{info['max']}; expected 1 <= min <= max")
+        # a KV cache's past length starts at 0 (the prefill); every other dim at 1 or more
+        if not 0 <= info["min"] <= info["max"] or (info["min"] == 0 and not info.get("past")):
+            fail(f"`dims.{name}` allows {info['min']}..{info['max']}; expected 1 <= min <= max "
+                 "(0 <= min only for a KV cache's past length)")
     for i, out in enumerate(manifest["outputs"]):
         if out["dtype"] not in manifest["tolerance"]:
             fail(f"`tolerance` has no entry for output {out['name']!r}'s dtype {out['dtype']}")
     if manifest["graph"]["source"] == "spec" and manifest["graph"]["spec"] is None:
         fail("`graph.spec` is null but `graph.source` is 'spec'")
     return manifest
+
+
+def _is_bundle_path(name) -> bool:
+    """A relative path below the bundle folder: no empty, '.', '..' or hidden parts."""
+    parts = str(name).split("/")
+    return bool(name) and all(p and not p.startswith(".") for p in parts)
 
 
 def _failer(where: str):

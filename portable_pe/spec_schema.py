@@ -51,8 +51,8 @@ ENCODING_OPTIONS = {
     "t5_bias": {"num_buckets": integer(4, 1024, even=True), "max_distance": integer(2, MAX_LENGTH)},
     "rope": {"base": number(above=1), "rotary_dim": integer(2, 16384, even=True), "interleaved": BOOLEAN},
     "alibi": {},
-    "none": {},  # the no-position baseline (graphs/baselines/none.toml)
     "hybrid": {},  # `layers` and one table of options per listed encoding: checked in _encoding
+    "none": {},  # the no-position baseline (graphs/baselines/none.toml)
 }
 #: what a left-out field takes, for the checks that span fields: the defaults of
 #: EncoderConfig, GraphSpec and the encodings' constructors, spelled out because those
@@ -62,7 +62,7 @@ DEFAULTS = {
     "export": {"example_length": 16, "max_length": 4096, "max_batch": 64},
     "encoding": {"sinusoidal": {"base": 10000.0}, "learned": {"max_len": 512},
                  "t5_bias": {"num_buckets": 32, "max_distance": 128},
-                 "rope": {"base": 10000.0, "rotary_dim": None, "interleaved": False}, "alibi": {}, "none": {}, "hybrid": {}},
+                 "rope": {"base": 10000.0, "rotary_dim": None, "interleaved": False}, "alibi": {}, "hybrid": {}, "none": {}},
 }
 def validate_spec(data, *, source: str) -> dict:
     """`data` with `encoding` as a table, once every field follows the schema."""

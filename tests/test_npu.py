@@ -74,7 +74,9 @@ def test_profile_loads_and_cites_a_vendor_list(name):
     profile = load_profile(name)
     assert profile.source.startswith("https://"), "a profile cites the public op list it is written from"
     assert profile.max_rank in (4, 5) and "MatMul" in profile.ops and "QuantizeLinear" in profile.ops
-    assert not {"Sin", "Cos", "Range", "Log"} & set(profile.ops), "run-time position ops must stay off NPUs"
+    # position tables are folded to constants before any NPU sees them; Log stays allowed where
+    # the vendor's own list has it (Vela's LOG on Ethos-U), T5's bucket Log is folded anyway
+    assert not {"Sin", "Cos", "Range"} & set(profile.ops), "run-time position ops must stay off NPUs"
 
 
 def test_unknown_profile_names_the_valid_ones():

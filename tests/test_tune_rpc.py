@@ -205,7 +205,9 @@ def test_core_counts_come_from_the_tag_the_table_or_the_option():
     from portable_pe.targets import load_target
     spec = load_target("arm")
     cores = {board: arm.tvm_target(spec, board=board).attrs.get("num-cores") for board in spec.options["board"]["choices"]}
-    assert cores == {"generic": None, "rasp4b64": 4, "rk3399": 6, "jetson-orin-nano": 6}
+    # the Jetson AGX tags carry their CPU core counts (Orin 64GB: 12x Cortex-A78AE, Thor: 14x Neoverse-V3AE)
+    assert cores == {"generic": None, "rasp4b64": 4, "rk3399": 6, "jetson-orin-nano": 6, "jetson-agx-orin": 12,
+                     "jetson-agx-thor": 14}
     assert int(arm.tvm_target(spec, board="rasp4b64", num_cores=2).attrs["num-cores"]) == 2
     with pytest.raises(ValueError, match="--num-cores must be a positive integer"):
         arm.tvm_target(spec, board="generic", num_cores=0)
