@@ -52,7 +52,6 @@ def describe_io(model, spec) -> dict:
         for axis, d in enumerate(io["dims"]):
             if isinstance(d, str) and d not in dims:
                 dims[d] = {"role": dim_role(axis, len(io["dims"])), "min": 1, "max": FOREIGN_DIM_MAX}
-    from .kv_cache import past_dims
     for d in past_dims(inputs, outputs):  # a KV cache's past length: 0 at the prefill
         dims[d].update(min=0, past=True)
     if spec is not None:
@@ -80,3 +79,23 @@ def _value_info(vi) -> dict:
                          f"(ONNX elem_type {vi.type.tensor_type.elem_type}); portable-pe compiles "
                          "graphs of numeric tensors") from None
     return {"name": vi.name, "dtype": str(dtype), "dims": dims}
+
+
+# A KV cache, as transformers exports it: past_key_values.N.key/value in, present.N.key/value out
+_PAST = re.compile(r"^(?:past_key_values|past)[._](\d+)[._](key|value)$")
+_PRESENT = re.compile(r"^(?:present|present_key_values)[._](\d+)[._](key|value)$")
+
+
+def cache_pairs(inputs: list[dict], outputs: list[dict]) -> dict[str, str]:
+    """{past input name: present output name} for the layers that have both."""
+    present = {m.groups(): o["name"] for o in outputs if (m := _PRESENT.match(o["name"]))}
+    return {i["name"]: present[m.groups()] for i in inputs
+            if (m := _PAST.match(i["name"])) and m.groups() in present}
+
+
+def past_dims(inputs: list[dict], outputs: list[dict]) -> set[str]:
+    """Symbolic dims that only cache inputs have: the past length, which is 0 at prefill."""
+    cached = set(cache_pairs(inputs, outputs))
+    in_cache = {d for i in inputs if i["name"] in cached for d in i["dims"] if isinstance(d, str)}
+    elsewhere = {d for i in inputs if i["name"] not in cached for d in i["dims"] if isinstance(d, str)}
+    return in_cache - elsewhere

@@ -17,27 +17,10 @@ back as the next step's past, and hands back each step's outputs.
 
 from __future__ import annotations
 
-import re
 
 import numpy as np
 
-_PAST = re.compile(r"^(?:past_key_values|past)[._](\d+)[._](key|value)$")
-_PRESENT = re.compile(r"^(?:present|present_key_values)[._](\d+)[._](key|value)$")
-
-
-def cache_pairs(inputs: list[dict], outputs: list[dict]) -> dict[str, str]:
-    """{past input name: present output name} for the layers that have both."""
-    present = {m.groups(): o["name"] for o in outputs if (m := _PRESENT.match(o["name"]))}
-    return {i["name"]: present[m.groups()] for i in inputs
-            if (m := _PAST.match(i["name"])) and m.groups() in present}
-
-
-def past_dims(inputs: list[dict], outputs: list[dict]) -> set[str]:
-    """Symbolic dims that only cache inputs have: the past length, which is 0 at prefill."""
-    cached = set(cache_pairs(inputs, outputs))
-    in_cache = {d for i in inputs if i["name"] in cached for d in i["dims"] if isinstance(d, str)}
-    elsewhere = {d for i in inputs if i["name"] not in cached for d in i["dims"] if isinstance(d, str)}
-    return in_cache - elsewhere
+from .io_names import cache_pairs, past_dims  # noqa: F401 (the cache's names live with the others)
 
 
 class KVCacheSession:
