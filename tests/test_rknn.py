@@ -323,3 +323,21 @@ def test_other_socs_agree_with_their_profile(soc):
     """rk3568's compiler runs Softmax on the CPU: the profile says so, and RKNN agrees."""
     row = _table().cell("rope", seq_len=64, dtype="int8", soc=soc)
     _check_cell(row, zero_cpu=soc != "rk3568")
+
+
+@needs_rknn
+@pytest.mark.rknn
+def test_the_guides_rknn_column_is_the_vendor_build_and_names_a_refusal(tmp_path):
+    """`portable-pe guide --targets npu-rknn`: each cell is RKNN's own build and simulator
+    run; a length past a learned table is a cell that says why, not a lost column."""
+    from portable_pe.graphs import load_graph
+    from portable_pe.guide.npu import NpuJob, run_vendor
+    data = Path(__file__).parent / "data" / "guide"
+    jobs = [NpuJob(load_graph(str(data / "tiny_rope.toml")), 16), NpuJob(load_graph(str(data / "tiny_learned.toml")), 64)]
+    result = run_vendor("rknn", jobs, work_dir=tmp_path, log=lambda m: None)
+    rope, learned = result["reports"]["rknn-rk3588"]
+    assert result["ran"] and rope["ok"], rope["error"]
+    assert rope["ops_cpu"] == 0 and rope["ops_npu"] > 0 and rope["size_bytes"] > 0
+    assert rope["accuracy"]["cosine"] >= 0.99 and "simulator" in rope["accuracy"]["source"]
+    assert rope["time_ms"] is None  # RKNN gives no time without a board: nothing is made up
+    assert not learned["ok"] and "max length 32" in learned["error"]

@@ -22,15 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-#: every NPU report has exactly these keys, whatever the vendor
-REPORT_KEYS = ("column", "graph", "encoding", "seq_len", "ok", "error", "ops_npu", "ops_cpu", "cpu_ops",
-               "accuracy", "time_ms", "time_source", "size_bytes", "build_s", "details")
-
-
-@dataclass(frozen=True)
-class NpuJob:
-    spec: object        # graphs.GraphSpec
-    seq_len: int
+from .npu_report import REPORT_KEYS, NpuJob, npu_report  # noqa: F401 (the guide imports them from here)
+from .npu_rknn import rknn
 
 
 @dataclass(frozen=True)
@@ -39,25 +32,6 @@ class NpuVendor:
     toolchain: str
     run: Callable[..., dict[str, list[dict]]]
     description: str = ""
-
-
-def npu_report(*, column: str, job: NpuJob, ok: bool, error: str | None = None, ops_npu: int | None = None,
-               ops_cpu: int | None = None, cpu_ops: list[dict] | None = None, accuracy: dict | None = None,
-               time_ms: float | None = None, time_source: str | None = None, size_bytes: int | None = None,
-               build_s: float | None = None, details: dict | None = None) -> dict:
-    """One (column, encoder, length) cell.
-
-    ok/error: whether the vendor built it, and if not why (the vendor's own words, or
-    ours when we refuse first, e.g. a length past a learned table). ops_npu/ops_cpu:
-    operators placed on the NPU / left to the CPU; cpu_ops: [{op, name, reason}] with the
-    vendor's reason for each CPU operator. accuracy: {cosine, max_abs, max_ref, source}
-    against PyTorch fp32 (simulator, or reference int8 kernels). time_ms/time_source: the
-    vendor's inference time estimate and what made it. size_bytes: the deployable model.
-    build_s: wall time of the whole build for this cell. details: vendor-specific numbers."""
-    return {"column": column, "graph": job.spec.name, "encoding": job.spec.encoding, "seq_len": job.seq_len,
-            "ok": ok, "error": error, "ops_npu": ops_npu, "ops_cpu": ops_cpu, "cpu_ops": list(cpu_ops or []),
-            "accuracy": accuracy, "time_ms": time_ms, "time_source": time_source, "size_bytes": size_bytes,
-            "build_s": build_s, "details": dict(details or {})}
 
 
 def ethos_u(jobs: list[NpuJob], *, columns: tuple[str, ...], work_dir: Path,
@@ -92,6 +66,8 @@ def ethos_u(jobs: list[NpuJob], *, columns: tuple[str, ...], work_dir: Path,
 
 
 NPU_VENDORS: dict[str, NpuVendor] = {
+    "rknn": NpuVendor(columns=("rknn-rk3588",), toolchain="rknn", run=rknn,
+                      description="Rockchip RK3588 through RKNN-Toolkit2 (build, layer table, simulator)"),
     # U65 (npu/vela.py ACCELERATORS) is left out: at T=4096 each Vela compile for the
     # U55/U65 took 50 s, and the guide's goal is U85 and U55
     "ethos-u": NpuVendor(columns=("ethos-u85", "ethos-u55"), toolchain="ethos-u", run=ethos_u,
