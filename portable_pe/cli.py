@@ -207,9 +207,14 @@ def cmd_inspect(args) -> int:
     print(f"  versions: {m['versions']}")
     if m.get("vendor"):
         v = m["vendor"]
-        print(f"  vendor: {v.get('toolkit', v['name'])} " + (
-            f"{v['soc']} {v['dtype']}: {v['placement']['ops_npu']} op(s) on the NPU, {v['placement']['ops_cpu']} on the CPU"
-            if v.get("built") else f"no build ({v.get('why')})"))
+        if not v.get("built"):
+            print(f"  vendor: {v.get('toolkit', v['name'])} no build ({v.get('why')})")
+        elif "placement" in v:  # RKNN-Toolkit2
+            print(f"  vendor: {v.get('toolkit', v['name'])} {v['soc']} {v['dtype']}: {v['placement']['ops_npu']} "
+                  f"op(s) on the NPU, {v['placement']['ops_cpu']} on the CPU")
+        else:  # Vela (Ethos-U)
+            print(f"  vendor: Vela {v.get('versions', {}).get('ethos-u-vela', '?')} {v['accelerator']}: "
+                  f"{v['npu_ops']} op(s) on the NPU, {v['cpu_ops']} on the CPU, estimate {v['inference_ms']:.3f} ms")
     print("  files: " + ", ".join(f"{n} (sha256 {h[:12]})" for n, h in m["files"].items()) + " [verified]")
     return 0
 

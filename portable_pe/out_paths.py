@@ -27,17 +27,23 @@ class OutputPathError(ValueError):
 
 
 def is_bundle_folder(path: Path) -> bool:
-    """A folder of plain files whose manifest.json is a portable-pe manifest (a JSON object
-    with a format_version): what compile may replace without --force."""
+    """A folder whose manifest.json is a portable-pe manifest (a JSON object with a
+    format_version) and whose subfolders (a vendor build's rknn/, vela/) hold only files
+    that manifest lists: what compile may replace without --force."""
     try:
         if not (path.is_dir() and (path / MANIFEST).is_file()):
             return False
-        if any(entry.is_dir() for entry in path.iterdir()):
-            return False
         manifest = json.loads((path / MANIFEST).read_text())
+        if not (isinstance(manifest, dict) and "format_version" in manifest):
+            return False
+        listed = set(manifest.get("files") or {}) if isinstance(manifest.get("files"), dict) else set()
+        for entry in path.rglob("*"):
+            if entry.is_symlink() or (entry.parent != path and entry.is_file()
+                                      and str(entry.relative_to(path)) not in listed):
+                return False  # a subfolder holding something of the user's
     except (OSError, ValueError):
         return False
-    return isinstance(manifest, dict) and "format_version" in manifest
+    return True
 
 
 def bundle_destination(path: str | Path, *, force: bool = False, option: str = "--out") -> Path:
@@ -51,7 +57,7 @@ def bundle_destination(path: str | Path, *, force: bool = False, option: str = "
     if dest.is_dir() and not is_bundle_folder(dest) and not force:
         raise OutputPathError(
             f"{option} {path}: {dest} is a folder that is not a portable-pe bundle (no manifest.json of "
-            "ours, or it holds subfolders); refusing to replace it. Give a new path, or --force to replace it")
+            "ours, or a subfolder holds files it does not list); refusing to replace it. Give a new path, or --force to replace it")
     if dest.exists() and not dest.is_dir() and not force:
         raise OutputPathError(f"{option} {path}: {dest} is a file, not a bundle folder; refusing to replace "
                               "it. Give a new path, or --force to replace it")

@@ -357,3 +357,15 @@ def test_a_bug_is_one_line_and_debug_shows_the_traceback(capsys, monkeypatch):
     assert "Traceback" not in err
     with pytest.raises(KeyError):
         main(["list", "--debug"])
+
+
+def test_a_bundles_vendor_subfolder_is_replaceable_but_a_users_file_in_it_is_not(tmp_path):
+    import json as _json
+    from portable_pe.out_paths import is_bundle_folder
+    bundle = tmp_path / "b"
+    (bundle / "rknn").mkdir(parents=True)
+    (bundle / "rknn" / "model.rknn").write_bytes(b"x")
+    (bundle / "manifest.json").write_text(_json.dumps({"format_version": 1, "files": {"rknn/model.rknn": "0"}}))
+    assert is_bundle_folder(bundle)
+    (bundle / "rknn" / "notes.txt").write_text("mine")
+    assert not is_bundle_folder(bundle)

@@ -55,3 +55,23 @@ def test_tiny_encoder_builds_for_ethos_u85_with_every_operator_on_the_npu(tmp_pa
     assert sum(layer["cycles"] for layer in vela["layers"]) > 0
     # two fields of Vela's summary agree with each other as we read them
     assert report["inference_ms"] == pytest.approx(1e3 * report["cycles_total"] / report["clock_hz"], rel=1e-6)
+
+
+@needs_toolchain
+def test_an_ethos_u85_bundle_holds_velas_build_and_can_be_recompiled_in_place(tmp_path, capsys):
+    from portable_pe.artifact import load_bundle
+    from portable_pe.cli import main
+    out = tmp_path / "bundle"
+    args = ["compile", str(TINY / "tiny_rope.toml"), "--target", "npu", "--profile", "ethos-u85", "--seq-len", "16",
+            "--out", str(out)]
+    assert main(args) == 0, capsys.readouterr().err
+    bundle = load_bundle(out)
+    vendor = bundle.manifest["vendor"]
+    assert vendor["built"] and vendor["accelerator"] == "ethos-u85" and vendor["cpu_ops"] == 0
+    # placement comes from Vela, not from our op list
+    assert bundle.manifest["npu"]["coverage"]["source"].startswith("Vela")
+    assert bundle.manifest["npu"]["coverage"]["nodes_npu"] == vendor["npu_ops"]
+    assert b"ethos-u" in bundle.file("vela/model_vela.tflite").read_bytes()
+    # a bundle with vendor subfolders is still a bundle that compile may replace
+    assert main(args) == 0, capsys.readouterr().err
+    assert load_bundle(out).manifest["vendor"]["built"]

@@ -150,6 +150,10 @@ def vendor_build(state) -> Staged | None:
     from ..npu.vendor import VendorError, missing_message, toolchain_python
     from ..npu.vendors import get_vendor
     npu = state.target_report["npu"]
+    from ..npu.vela import PROFILE_ACCELERATORS
+    if npu.get("profile") in PROFILE_ACCELERATORS:  # Arm Ethos-U: Vela, from the PyTorch model
+        from ..npu.vela_stage import vela_build
+        return Staged(**vela_build(state, npu["profile"]))
     if not npu.get("vendor"):
         return None
     vendor, mode = get_vendor(npu["vendor"]), state.target_options.get("vendor_build") or "auto"

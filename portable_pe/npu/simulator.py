@@ -17,9 +17,16 @@ import numpy as np
 def vendor_runners(bundle, *, simulated: bool = False, log: Callable[[str], None] = print) -> dict:
     """{candidate name: runner} for the bundle's vendor build (empty when there is none)."""
     from .vendor import missing_message, toolchain_python
-    from .vendors import get_vendor
+    from .vendors import VENDORS, get_vendor
     info = bundle.manifest.get("vendor") or {}
     if not info.get("built"):
+        return {}
+    if info["name"] not in VENDORS:  # Vela (Ethos-U): its int8 accuracy is in the manifest, no simulator row
+        acc = info.get("accuracy_int8") or {}
+        if acc:
+            log(f"note: {info['name']}: the int8 TFLite model Vela compiled, run on LiteRT against PyTorch "
+                f"fp32 at build time: cosine {acc.get('cosine', float('nan')):.6f}, "
+                f"max abs {acc.get('max_abs', float('nan')):.3g} (no simulator row)")
         return {}
     vendor = get_vendor(info["name"])
     name = f"{info['name']}-simulator"
