@@ -72,7 +72,7 @@ class BenchResult:
         parts = []
         fp32 = self.engines("fp32")
         if fp32:
-            extra = ["tvm / best(onnxruntime, openvino)"] if {"tvm", "onnxruntime", "openvino"} <= set(fp32) else []
+            extra = self._peer_columns()
             parts.append(self._table(f"### bench: {self.graph}, float32, {head}; median ms ± IQR (latency / {PEERS['fp32']})",
                                      fp32, extra, self._best_peer_ratio))
         int8 = self.engines("int8")
@@ -95,8 +95,19 @@ class BenchResult:
         return "\n".join(lines)
 
     def _best_peer_ratio(self, b, t) -> list[str]:
-        peers = [c for c in (self.cell("onnxruntime", b, t), self.cell("openvino", b, t)) if c and c.median_ms]
-        return [_ratio(self.cell("tvm", b, t), min(peers, key=lambda c: c.median_ms)) if peers else ""]
+        """tvm / the faster of onnxruntime and OpenVINO at its defaults (bf16 compute on bf16
+        CPUs), and, where it ran, tvm / the faster of onnxruntime and OpenVINO in f32."""
+        out = []
+        for column in self._peer_columns():
+            openvino = "openvino-f32" if column.endswith("openvino-f32)") else "openvino"
+            peers = [c for c in (self.cell("onnxruntime", b, t), self.cell(openvino, b, t)) if c and c.median_ms]
+            out.append(_ratio(self.cell("tvm", b, t), min(peers, key=lambda c: c.median_ms)) if peers else "")
+        return out
+
+    def _peer_columns(self) -> list[str]:
+        engines = set(self.engines("fp32"))
+        return (["tvm / best(onnxruntime, openvino)"] if {"tvm", "onnxruntime", "openvino"} <= engines else []) + \
+            (["tvm / best(onnxruntime, openvino-f32)"] if {"tvm", "onnxruntime", "openvino-f32"} <= engines else [])
 
     def _accuracy_table(self, engines) -> str:
         lines = ["int8 accuracy against PyTorch float32: cosine (max abs error)", "",

@@ -14,7 +14,7 @@ DESCRIPTION = ("portable-pe: compile Transformer encoders with swappable positio
 #: torch (a test keeps the two the same)
 EXPORTER_CHOICES = ("torchscript", "dynamo")
 #: bench_engines.ENGINES and POOLS, spelled out for the same reason (a test keeps them the same)
-BENCH_ENGINES = ("torch", "torch.compile", "onnxruntime", "openvino", "tvm", "tvm-tuned",
+BENCH_ENGINES = ("torch", "torch.compile", "onnxruntime", "openvino", "openvino-f32", "tvm", "tvm-tuned",
                  "onnxruntime-int8", "openvino-int8", "tvm-int8")
 BENCH_POOLS = ("default", "passive")
 
