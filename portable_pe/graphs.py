@@ -82,6 +82,9 @@ def read_spec(name_or_path: str | Path) -> tuple[dict, str]:
     """(the spec's table checked against spec_schema, its path): what load_graph builds
     from, without torch, so the CLI refuses a bad spec in a moment."""
     path = Path(name_or_path)
+    if not str(name_or_path).strip():
+        raise ValueError(f"the graph argument is empty (an unset shell variable?); expected a shipped graph name "
+                         f"({', '.join(GRAPHS)}), a .toml spec or an .onnx file")
     if path.suffix != ".toml":
         if path.is_dir():
             raise ValueError(f"{name_or_path} is a folder; expected a shipped graph name ({', '.join(GRAPHS)}), "
