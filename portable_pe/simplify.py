@@ -53,6 +53,8 @@ def simplify_onnx(model: onnx.ModelProto, *, check_inputs: list[dict[str, np.nda
     """onnxsim with its own check off; we check on the caller's seeded inputs instead
     (several lengths), because onnxsim's random check cannot pick valid position ids."""
     import onnxsim
+    from .bf16_mul import widen_bf16_mul
+    model, _ = widen_bf16_mul(model)  # before anything runs it: onnxruntime has no bf16 Mul
     simplified, ok = onnxsim.simplify(model, check_n=0, skipped_optimizers=list(_SKIPPED_OPTIMIZERS))
     if not ok:
         raise RuntimeError("onnxsim could not simplify the graph")

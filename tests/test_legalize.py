@@ -592,3 +592,38 @@ def test_input_shapes_override_keeps_named_dims(tmp_path):
     feeds = [{"x": np.random.RandomState(t).randn(1, t, D).astype("float32")} for t in (5, 33)]
     for f, out in zip(feeds, compile_run(mod, feeds)):
         assert np.abs(out - ort_run(model, f)).max() <= TOL
+
+
+# --------------------------------------------------------------------------- #
+# dim bounds a broadcast imposes; bf16 Mul onnxruntime cannot run
+# --------------------------------------------------------------------------- #
+def test_broadcast_bound_decides_max_under_it():
+    """MPT: a table of L = 1024 rows sliced from max(0, L - T) broadcast against T."""
+    import sympy
+    from portable_pe.legalize.bounds import bound_from_broadcast, under
+    T = sympy.Symbol("T", integer=True, positive=True)
+    sliced = 1024 - sympy.Max(0, 1024 - T)
+    assert bound_from_broadcast(T, sliced) == (T, 1024)
+    assert under(sympy.Max(0, 1024 - T), {T: 1024}) == 1024 - T
+    assert bound_from_broadcast(T, T + 1) is None  # never equal: no bound, just unknown
+    assert bound_from_broadcast(T, sympy.Max(T, 4)) is None  # equal from 4 up: a lower bound
+
+
+def test_bf16_mul_in_float32_is_bit_exact():
+    from portable_pe.bf16_mul import widen_bf16_mul
+    x = oh.make_tensor_value_info("x", TP.BFLOAT16, [4096])
+    y = oh.make_tensor_value_info("y", TP.BFLOAT16, [4096])
+    z = oh.make_tensor_value_info("z", TP.FLOAT, [4096])  # bf16 -> f32 is exact; numpy has no bf16
+    graph = oh.make_graph([oh.make_node("Mul", ["x", "y"], ["p"]), oh.make_node("Cast", ["p"], ["z"], to=TP.FLOAT)],
+                          "m", [x, y], [z])
+    model, n = widen_bf16_mul(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)]))
+    assert n == 1 and "Mul" in {nd.op_type for nd in model.graph.node}
+    gen = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(4096, generator=gen).mul(64).bfloat16() for _ in range(2))
+    as_u16 = lambda t: t.view(torch.int16).numpy().view(np.uint16)  # noqa: E731
+    # onnxruntime takes bf16 arrays as numpy uint16 bit patterns; feed through OrtValue
+    feeds = {k: ort.OrtValue.ortvalue_from_numpy_with_onnx_type(as_u16(v), TP.BFLOAT16)
+             for k, v in (("x", a), ("y", b))}
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = sess.run_with_ort_values(["z"], feeds)[0].numpy()
+    np.testing.assert_array_equal(got, (a * b).float().numpy())  # torch's bf16 multiply, bit for bit

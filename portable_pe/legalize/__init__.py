@@ -21,7 +21,10 @@ own inference writes ``unk__``), evaluates the graph's small integer computation
   ``ConstantOfShape([n]) -> CumSum -> Add``, which keeps the length tied to the
   input's dims (TVM's Range converter always invents a fresh length variable);
 * writes a constant Pad by symbolic amounts as Concat with ConstantOfShape blocks;
-* removes the dead remains.
+* removes the dead remains;
+* records in the model's metadata (``dim_bounds``) an upper bound on an input dim that
+  the graph itself imposes (``bounds``: MPT's ALiBi table of ``max_seq_len`` rows), where
+  a dim was decided under it.
 
 Nothing is fixed to a size: batch and sequence axes stay dynamic.
 
@@ -31,6 +34,7 @@ Modules
 ``symbolic``  ``_Sym``: shapes of every tensor, values of the small integer ones
 ``dimexpr``   ``DimEmitter``: a dim expression as importer-friendly ONNX nodes
 ``rewrite``   ``_Rewriter``: rebuilds operands, Ranges and Pads, folds constants
+``bounds``    input-dim bounds a broadcast imposes; dims decided under them
 ``follow``    ``first_unfollowed``: the first node whose shape cannot be followed
 ``graph``     shape inference, dead-code removal, input-shape overrides
 """
@@ -46,7 +50,7 @@ from .graph import _dce, _infer, _set_input_shapes
 from .rewrite import _Rewriter
 from .symbolic import _Sym
 
-__all__ = ["legalize", "blocking_nodes"]
+__all__ = ["legalize", "blocking_nodes", "dim_bounds"]
 
 
 def legalize(
@@ -70,16 +74,39 @@ def legalize(
         for ax, d in enumerate(vi.type.tensor_type.shape.dim):
             if not d.HasField("dim_value") and not d.HasField("dim_param"):
                 d.dim_param = f"{re.sub(r'[^A-Za-z0-9_]', '_', vi.name)}_dim{ax}"
+    bounds: dict[str, int] = {}
     for _ in range(8):
         inferred = _infer(model)
         sym = _Sym(inferred.graph)
         sym.run()
+        for s, top in sym.bounds.items():  # once rewritten, the graph no longer shows them
+            bounds[str(s)] = min(top, bounds.get(str(s), top))
         changed = _Rewriter(model, sym).run()
         _dce(model.graph)
         if not changed:
             break
     out = _infer(model)
+    if bounds:
+        set_dim_bounds(out, bounds)
     return out
+
+
+DIM_BOUNDS_KEY = "portable_pe.dim_max"
+
+
+def set_dim_bounds(model: onnx.ModelProto, bounds: dict[str, int]) -> None:
+    """Record {dim: largest value the graph runs at} in the model's metadata."""
+    import json  # pylint: disable=import-outside-toplevel
+    keep = [p for p in model.metadata_props if p.key != DIM_BOUNDS_KEY]
+    del model.metadata_props[:]
+    model.metadata_props.extend(keep)
+    model.metadata_props.add(key=DIM_BOUNDS_KEY, value=json.dumps(bounds, sort_keys=True))
+
+
+def dim_bounds(model: onnx.ModelProto) -> dict[str, int]:
+    """The dim bounds legalize found ({} for most graphs)."""
+    import json  # pylint: disable=import-outside-toplevel
+    return next((json.loads(p.value) for p in model.metadata_props if p.key == DIM_BOUNDS_KEY), {})
 
 
 # --------------------------------------------------------------------------- #

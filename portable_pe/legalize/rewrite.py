@@ -21,6 +21,7 @@ import sympy
 from onnx import helper, numpy_helper
 
 from .dimexpr import DimEmitter, NotExpressible
+from .shapes import INT_BIG
 from .symbolic import _rational, _Sym
 
 SHAPE_INPUTS = {  # op_type -> input indices read as shapes, bounds or sizes
@@ -113,7 +114,8 @@ class _Rewriter:
                 return padded
         if all(o in self.sym.val for o in node.output if o):
             return None  # inside a shape computation: its consumers are rewritten instead
-        new, changed = copy.deepcopy(node), False
+        clamped = self.clamp_slice_ends(node) if node.op_type == "Slice" else None
+        new, changed = copy.deepcopy(clamped or node), clamped is not None
         for k, name in enumerate(node.input):
             val = self.sym.val.get(name)
             if not name or val is None or not self.sym.isint.get(name):
@@ -158,6 +160,38 @@ class _Rewriter:
                     dims = out
             return self.dims.vector(dims)
         return self.dims.tensor(val, elem)
+
+    def clamp_slice_ends(self, node):
+        """A Slice with a symbolic start or end, its "to the end" ends (>= INT_BIG) written as
+        the axis length, or None. Once one bound is symbolic, TVM's Slice converter takes
+        every bound as in range (``assume_inbound``): an end of 2**63 - 1 then makes a dim of
+        about 2**63. ONNX clamps such an end to the axis length, so this is exact."""
+        sym = self.sym
+        bounds = [sym.val.get(i) if i else None for i in list(node.input[1:5]) + [""] * (5 - len(node.input))]
+        starts, ends, axes, steps = bounds
+        shape = sym.shape.get(node.input[0])
+        if starts is None or ends is None or shape is None or \
+                all(e.is_number for e in list(starts.ravel()) + list(ends.ravel())):
+            return None
+        ends = list(ends.ravel())
+        axes = list(range(len(ends))) if axes is None and not node.input[3:4] else axes
+        steps = [1] * len(ends) if steps is None and not node.input[4:5] else steps
+        if axes is None or steps is None:
+            return None
+        clamped, changed = [], False
+        for end, axis, step in zip(ends, np.ravel(axes), np.ravel(steps)):
+            axis, step = sympy.sympify(axis), sympy.sympify(step)  # the defaults are plain ints
+            if not (axis.is_number and step.is_number):
+                return None
+            dim = shape[int(axis) + len(shape) if int(axis) < 0 else int(axis)]
+            if end.is_number and int(end) >= INT_BIG and int(step) > 0 and sym.followed(dim):
+                end, changed = dim, True
+            clamped.append(end)
+        if not changed or not all(sym.followed(e) for e in clamped):
+            return None
+        new = copy.deepcopy(node)
+        new.input[2] = self.dims.vector(clamped)
+        return new
 
     def _expand_shape(self, node, k) -> bool:
         """Input k is the shape of an Expand whose input has a symbolic shape."""

@@ -14,8 +14,10 @@ import onnx
 import sympy
 from onnx import helper, numpy_helper
 
-from .shapes import SHAPE_RULES
+from .bounds import bound_from_broadcast, under
+from .shapes import _BINARY, SHAPE_RULES
 
+_BROADCASTING = set(_BINARY)
 _MAX_ELEMS = 64  # only small tensors are evaluated symbolically
 _DIM_EXPR_RE = re.compile(r"^[A-Za-z0-9_+\-*/() ]+$")
 
@@ -33,6 +35,7 @@ class _Sym:
         self.shape: dict[str, list | None] = {}
         self.elem: dict[str, int] = {}
         self.src: dict[sympy.Symbol, tuple[str, int]] = {}  # symbol -> (graph input, axis)
+        self.bounds: dict[sympy.Symbol, int] = {}  # symbol -> the largest value the graph runs at
 
         for vi in list(graph.input) + list(graph.value_info) + list(graph.output):
             t = vi.type.tensor_type
@@ -63,12 +66,18 @@ class _Sym:
             self.isint[name] = isint
 
     def run(self):
-        for node in self.graph.node:
-            try:
-                self._eval(node)
-            except Exception:  # pylint: disable=broad-except
-                pass  # value unknown: the node is left as it is
-            self._infer_shapes(node)
+        # a bound learned at a broadcast decides Min/Max in values computed before it
+        # (MPT's slice start): evaluate again until no new bound turns up
+        for _ in range(4):
+            known = dict(self.bounds)
+            for node in self.graph.node:
+                try:
+                    self._eval(node)
+                except Exception:  # pylint: disable=broad-except
+                    pass  # value unknown: the node is left as it is
+                self._infer_shapes(node)
+            if self.bounds == known:
+                break
 
     def followed(self, dim) -> bool:
         """dim is an expression of the graph inputs' dims (not unknown, no placeholder)."""
@@ -85,6 +94,11 @@ class _Sym:
         values = [self.val.get(i) if i else None for i in node.input]
         try:
             found = rule(attrs, shapes, values, len(outs))
+            if node.op_type in _BROADCASTING and found[0] is not None and None in found[0] \
+                    and self._learn_bound(shapes):
+                shapes = [None if x is None else [None if d is None else under(d, self.bounds) for d in x]
+                          for x in shapes]
+                found = rule(attrs, shapes, values, len(outs))
         except Exception:  # pylint: disable=broad-except
             return  # a rule that cannot decide leaves ONNX's inferred shape
         for name, shape in zip(outs, found):
@@ -93,7 +107,22 @@ class _Sym:
             old = self.shape.get(name)
             if old is not None and len(old) == len(shape):
                 shape = [d if self.followed(d) or o is None else o for d, o in zip(shape, old)]
-            self.shape[name] = [None if d is None else sympy.sympify(d) for d in shape]
+            self.shape[name] = [None if d is None else under(sympy.sympify(d), self.bounds) for d in shape]
+
+    def _learn_bound(self, shapes) -> bool:
+        """A dim bound from two dims broadcast against each other (``bounds``); True if new."""
+        if any(x is None for x in shapes):
+            return False
+        rank, new = max(len(x) for x in shapes), False
+        for i in range(1, rank + 1):
+            dims = [x[-i] for x in shapes if len(x) >= i and x[-i] is not None]
+            for a in dims:
+                for b in dims:
+                    found = bound_from_broadcast(a, b)
+                    if found and found[1] < self.bounds.get(found[0], found[1] + 1):
+                        self.bounds[found[0]] = found[1]
+                        new = True
+        return new
 
     # one node -------------------------------------------------------------
     def _eval(self, node: onnx.NodeProto):
@@ -235,7 +264,7 @@ class _Sym:
         out = np.asarray(out, dtype=object)
         if out.size > _MAX_ELEMS:
             return
-        out = _vmap(sympy.simplify, out) if out.size else out
+        out = _vmap(lambda e: under(sympy.simplify(e), self.bounds), out) if out.size else out
         self.val[outs[0]] = out
         self.isint[outs[0]] = bool(isint)
         self.shape[outs[0]] = [sympy.Integer(d) for d in out.shape]
