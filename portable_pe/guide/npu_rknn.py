@@ -55,5 +55,5 @@ def _cell(job: NpuJob, *, column: str, soc: str) -> dict:
         accuracy={"cosine": sim["cosine"], "max_abs": sim["max_abs"], "max_ref": sim.get("max_ref"),
                   "source": f"RKNN-Toolkit2 simulator ({soc}, int8) against PyTorch fp32"},
         size_bytes=vendor["rknn_bytes"], build_s=round(time.perf_counter() - start, 2),
-        details={"layer_table_cycles": placed["npu_cycles"], "vendor_build_s": vendor["timings_s"]["build_s"],
+        details={"toolkit": vendor.get("toolkit"), "layer_table_cycles": placed["npu_cycles"], "vendor_build_s": vendor["timings_s"]["build_s"],
                  "profile_disagreements": len(vendor["agreement"]["disagreements"])})

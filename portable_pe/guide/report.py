@@ -255,8 +255,8 @@ def plot(result: dict, out: Path) -> dict[str, str]:
             ax.legend(fontsize=8)
         made["llvm"] = _save(fig, out / "guide-llvm.png", plt)
     for vendor, data in result.get("npu", {}).items():
-        if not data["ran"]:
-            continue
+        if not data["ran"] or not any(r["time_ms"] for rows in data["reports"].values() for r in rows):
+            continue  # nothing to plot: a vendor without time estimates (RKNN) has its table only
         columns = list(data["reports"])
         fig, axes = plt.subplots(1, len(columns), figsize=(5 * len(columns), 4), squeeze=False)
         for ax, column in zip(axes[0], columns):
