@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from .interrupts import Interrupted
+from .interrupts import Interrupted, raise_if_interrupted
 
 BAD_INPUT, INTERNAL = 2, 3
 
@@ -26,6 +26,10 @@ def run_command(command: str, fn, args, *, debug: bool = False) -> int:
     except Exception as err:  # every failure becomes one line; --debug shows where it came from
         if debug:
             raise
+        try:  # a signal that landed inside C++ code or a module's import arrives as another error
+            raise_if_interrupted(err)
+        except KeyboardInterrupt as signalled:
+            return interrupted(command, signalled)
         code, message = describe(err)
         print(f"portable-pe {command}: {'error' if code == BAD_INPUT else 'internal error'}: {message}",
               file=sys.stderr)

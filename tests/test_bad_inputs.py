@@ -369,3 +369,17 @@ def test_a_bundles_vendor_subfolder_is_replaceable_but_a_users_file_in_it_is_not
     assert is_bundle_folder(bundle)
     (bundle / "rknn" / "notes.txt").write_text("mine")
     assert not is_bundle_folder(bundle)
+
+
+def test_a_signal_that_lands_inside_an_import_exits_as_the_signal(monkeypatch, capsys):
+    """SIGTERM during a C extension's import surfaces as 'ImportError: initialization failed';
+    the CLI reports the signal (143), not an internal error (3)."""
+    import signal as _signal
+    from portable_pe import interrupts
+    from portable_pe.cli_errors import run_command
+    monkeypatch.setattr(interrupts, "_received", [_signal.SIGTERM])
+
+    def importing(_args):
+        raise ImportError("initialization failed")
+    assert run_command("parity", importing, None) == 143
+    assert "interrupted (SIGTERM)" in capsys.readouterr().err
