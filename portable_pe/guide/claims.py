@@ -121,8 +121,9 @@ def rope_long_variable(result: dict) -> dict:
         built = sorted(r["seq_len"] for vendor in result["npu"].values() for r in vendor["reports"].get(column, [])
                        if r["graph"] == rope and r["ok"])
         v = _ratio(_npu_ms(result, column, rope, long), _npu_ms(result, column, result["baseline"], long))
-        measured[column] = (f"static: one build per length, built at T={', '.join(map(str, built)) or 'none'}; "
-                            f"T={long} {fmt_pct(v)} vs none (Vela estimate)")
+        measured[column] = (f"static: one build per length, built at T={', '.join(map(str, built)) or 'none'}"
+                            + (f"; T={long} {fmt_pct(v)} vs none (vendor's estimate)" if v is not None else
+                               " (no time estimate from this vendor)"))
     verdict = HOLDS if not refused and parity else PARTLY if parity or not refused else FAILS
     return _row("rope_long", measured, verdict)
 
