@@ -147,7 +147,7 @@ def vendor_build(state) -> Staged | None:
     """The profile's vendor compiler builds the float graph legalize_onnx made; its log
     gives placement, its simulator runs the reference inputs. Without the toolchain (and
     --vendor-build auto) the bundle says plainly that no vendor build was made."""
-    from ..npu.vendor import VendorError, missing_message, toolchain_python
+    from ..npu.vendor import skipped_build
     from ..npu.vendors import get_vendor
     npu = state.target_report["npu"]
     from ..npu.vela import PROFILE_ACCELERATORS
@@ -156,13 +156,10 @@ def vendor_build(state) -> Staged | None:
         return Staged(**vela_build(state, npu["profile"]))
     if not npu.get("vendor"):
         return None
-    vendor, mode = get_vendor(npu["vendor"]), state.target_options.get("vendor_build") or "auto"
-    if mode == "skip" or (mode == "auto" and toolchain_python(vendor.TOOLCHAIN) is None):
-        why = "--vendor-build skip" if mode == "skip" else missing_message(vendor.TOOLCHAIN)
-        state.log(f"  {vendor.TOOLCHAIN}: no vendor build was made: {why}")
-        return Staged(report={"vendor": {"name": vendor.TOOLCHAIN, "built": False, "why": why}})
-    if toolchain_python(vendor.TOOLCHAIN) is None:
-        raise VendorError(f"{vendor.TOOLCHAIN} build: {missing_message(vendor.TOOLCHAIN)} (--vendor-build require)")
+    vendor = get_vendor(npu["vendor"])
+    skipped = skipped_build(state.target_options.get("vendor_build") or "auto", vendor.TOOLCHAIN, state.log)
+    if skipped is not None:
+        return Staged(report=skipped)
     import onnx
     from ..npu.agreement import agreement
     from ..npu.profiles import check_model, coverage

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from .vela import PROFILE_ACCELERATORS, TOOLCHAIN, build_bundle_files
-from .vendor import VendorError, missing_message, toolchain_python
+from .vendor import skipped_build
 
 PREFIX = "vela/"
 
@@ -24,16 +24,11 @@ PREFIX = "vela/"
 def vela_build(state, profile_name: str) -> dict | None:
     """(report, files) for the Staged result, or a report that no vendor build was made."""
     accelerator = PROFILE_ACCELERATORS[profile_name]
-    mode = state.target_options.get("vendor_build") or "auto"
-    why = ("--vendor-build skip" if mode == "skip" else
-           "the graph came as an .onnx file: Vela's path converts the PyTorch model (ONNX -> TFLite would need "
-           "TensorFlow)" if state.spec is None else
-           missing_message(TOOLCHAIN) if toolchain_python(TOOLCHAIN) is None else None)
-    if why is not None:
-        if mode == "require":
-            raise VendorError(f"{TOOLCHAIN} build: {why} (--vendor-build require)")
-        state.log(f"  {TOOLCHAIN}: no vendor build was made: {why}")
-        return {"report": {"vendor": {"name": TOOLCHAIN, "built": False, "why": why}}, "files": {}}
+    blocker = ("the graph came as an .onnx file: Vela's path converts the PyTorch model (ONNX -> TFLite would "
+               "need TensorFlow)" if state.spec is None else None)
+    skipped = skipped_build(state.target_options.get("vendor_build") or "auto", TOOLCHAIN, state.log, blocker=blocker)
+    if skipped is not None:
+        return {"report": skipped, "files": {}}
     npu = state.target_report["npu"]
     with tempfile.TemporaryDirectory(prefix="portable-pe-vela-") as work:
         files, report = build_bundle_files(spec=state.spec, seq_len=npu["seq_len"], accelerator=accelerator,

@@ -90,3 +90,17 @@ def run_worker(name: str, worker: Path, request: dict, *, work_dir: Path, stage:
     except (OSError, ValueError) as err:
         raise VendorError(f"{stage}: {name} wrote no valid result.json ({err}); last output "
                           f"({log_path}):\n{_tail(log_path)}") from None
+
+
+def skipped_build(mode: str, toolchain: str, log, *, blocker: str | None = None) -> dict | None:
+    """The manifest's report of a vendor build that is not made, and why, or None when it is
+    to be made. `mode` is --vendor-build: skip (never), auto (when the toolchain is installed
+    and nothing blocks it), require (a missing toolchain or a blocker is a VendorError)."""
+    why = ("--vendor-build skip" if mode == "skip" else blocker
+           or (missing_message(toolchain) if toolchain_python(toolchain) is None else None))
+    if why is None:
+        return None
+    if mode == "require":
+        raise VendorError(f"{toolchain} build: {why} (--vendor-build require)")
+    log(f"  {toolchain}: no vendor build was made: {why}")
+    return {"vendor": {"name": toolchain, "built": False, "why": why}}
