@@ -32,7 +32,7 @@ from tvm import relax
 from tvm.ir import IRModule
 
 from .matmul import _register_tile
-from .relax_util import _mutate_relax_functions, _tensor_type
+from .relax_util import _mutate_relax_functions, _tensor_type, bound_call, rewrite_matmul
 from .tir_util import _const_int, _vector_lanes
 
 logger = logging.getLogger(__package__)
@@ -209,23 +209,10 @@ class _AttentionFuser(relax.PyExprMutator):  # pylint: disable=abstract-method
 
     def _bound(self, expr, op_name: str):
         """The call ``expr`` is bound to, when it is a call of ``op_name``."""
-        if not isinstance(expr, relax.Var):
-            return None
-        value = self.lookup_binding(expr)
-        if isinstance(value, relax.Call) and getattr(value.op, "name", None) == op_name:
-            return value
-        return None
+        return bound_call(self, expr, op_name)
 
     def visit_call_(self, call):  # pylint: disable=arguments-renamed
-        call = super().visit_call_(call)
-        if getattr(call.op, "name", None) != "relax.matmul":
-            return call
-        try:
-            fused = self._fuse(call)
-        except Exception as err:  # pylint: disable=broad-except
-            logger.debug("cpu_schedule: attention not fused: %s", err)
-            fused = None
-        return call if fused is None else fused
+        return rewrite_matmul(super().visit_call_(call), self._fuse, logger, "attention not fused")
 
     def _dead_rows_zeroed(self, probs):
         """(softmax output, True) for where(isnan(p), 0, p); (probs, False) otherwise."""

@@ -35,7 +35,7 @@ from tvm import relax, te
 from tvm.ir import IRModule
 
 from .int8_isa import int8_isa
-from .relax_util import _mutate_relax_functions, _tensor_type
+from .relax_util import _mutate_relax_functions, _tensor_type, bound_call, rewrite_matmul
 
 logger = logging.getLogger(__package__)
 
@@ -61,23 +61,11 @@ class _Lowerer(relax.PyExprMutator):  # pylint: disable=abstract-method
         self.lowered = 0
 
     def _bound(self, expr, op_name: str):
-        if not isinstance(expr, relax.Var):
-            return None
-        value = self.lookup_binding(expr)
-        if isinstance(value, relax.Call) and getattr(value.op, "name", None) == op_name:
-            return value
-        return None
+        """The call ``expr`` is bound to, when it is a call of ``op_name``."""
+        return bound_call(self, expr, op_name)
 
     def visit_call_(self, call):  # pylint: disable=arguments-renamed
-        call = super().visit_call_(call)
-        if getattr(call.op, "name", None) != "relax.matmul":
-            return call
-        try:
-            lowered = self._lower(call)
-        except Exception as err:  # pylint: disable=broad-except
-            logger.debug("cpu_schedule: quantized matmul kept in float: %s", err)
-            lowered = None
-        return call if lowered is None else lowered
+        return rewrite_matmul(super().visit_call_(call), self._lower, logger, "quantized matmul kept in float")
 
     def _lower(self, mm):
         act, wgt = self._bound(mm.args[0], "relax.dequantize"), self._bound(mm.args[1], "relax.dequantize")

@@ -37,3 +37,26 @@ def _mutate_relax_functions(mutator: relax.PyExprMutator, mod: IRModule, *,
                 raise
             logger.debug("cpu_schedule: %s skipped for %s: %s", skip_failures, gv.name_hint, err)
     return mutator.builder_.get()
+
+
+def bound_call(mutator, expr, op_name: str):
+    """The call `expr` is bound to in `mutator`'s function, when it is a call of `op_name`."""
+    if not isinstance(expr, relax.Var):
+        return None
+    value = mutator.lookup_binding(expr)
+    if isinstance(value, relax.Call) and getattr(value.op, "name", None) == op_name:
+        return value
+    return None
+
+
+def rewrite_matmul(call, rewrite, log, kept: str):
+    """`rewrite(call)` for a relax.matmul call, or the call as it was: when the rewrite does
+    not apply (None) or fails (logged at debug level as `kept`: the float path stays correct)."""
+    if getattr(call.op, "name", None) != "relax.matmul":
+        return call
+    try:
+        rewritten = rewrite(call)
+    except Exception as err:  # pylint: disable=broad-except
+        log.debug("cpu_schedule: %s: %s", kept, err)
+        rewritten = None
+    return call if rewritten is None else rewritten
