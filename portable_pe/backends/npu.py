@@ -147,7 +147,7 @@ def vendor_build(state) -> Staged | None:
     """The profile's vendor compiler builds the float graph legalize_onnx made; its log
     gives placement, its simulator runs the reference inputs. Without the toolchain (and
     --vendor-build auto) the bundle says plainly that no vendor build was made."""
-    from ..npu.vendor import skipped_build
+    from ..npu.vendor import skipped_build, vendor_coverage
     from ..npu.vendors import get_vendor
     npu = state.target_report["npu"]
     from ..npu.vela import PROFILE_ACCELERATORS
@@ -184,9 +184,8 @@ def vendor_build(state) -> Staged | None:
     import io as _io
     buf = _io.BytesIO()
     np.savez(buf, **{f"T{n}/out/{k}": v for k, v in simulated.items()})
-    vendor_cov = {"source": f"{built.report['toolkit']} build log ({soc})", "nodes_total": placed["ops_total"],
-                  "nodes_npu": placed["ops_npu"], "nodes_host": placed["ops_cpu"],
-                  "node_coverage": placed["ops_npu"] / placed["ops_total"] if placed["ops_total"] else 1.0}
+    vendor_cov = vendor_coverage(f"{built.report['toolkit']} build log ({soc})", npu_ops=placed["ops_npu"],
+                                 cpu_ops=placed["ops_cpu"])
     npu_report = {**npu, "coverage": vendor_cov, "profile_coverage": npu["coverage"],
                   "profile_coverage_vendor_graph": coverage(check_model(model, profile))}
     return Staged(report={"vendor": built.report, "npu": npu_report},

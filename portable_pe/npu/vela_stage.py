@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from .vela import PROFILE_ACCELERATORS, TOOLCHAIN, build_bundle_files
-from .vendor import skipped_build
+from .vendor import skipped_build, vendor_coverage
 
 PREFIX = "vela/"
 
@@ -38,10 +38,8 @@ def vela_build(state, profile_name: str) -> dict | None:
               f"estimate {report['inference_ms']:.3f} ms; int8 TFLite vs PyTorch: cosine {acc['cosine']:.6f}")
     for op in report["cpu_fallbacks"]:
         state.log(f"  vela: on the CPU: {op}")
-    total = report["npu_ops"] + report["cpu_ops"]
-    coverage = {"source": f"Vela {report['versions'].get('ethos-u-vela', '?')} ({accelerator})",
-                "nodes_total": total, "nodes_npu": report["npu_ops"], "nodes_host": report["cpu_ops"],
-                "node_coverage": report["npu_ops"] / total if total else 1.0}
+    coverage = vendor_coverage(f"Vela {report['versions'].get('ethos-u-vela', '?')} ({accelerator})",
+                               npu_ops=report["npu_ops"], cpu_ops=report["cpu_ops"])
     return {"report": {"vendor": {"name": TOOLCHAIN, "built": True, **report},
                        "npu": {**npu, "coverage": coverage, "profile_coverage": npu["coverage"]}},
             "files": {PREFIX + name: data for name, data in files.items()}}

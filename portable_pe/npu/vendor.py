@@ -104,3 +104,10 @@ def skipped_build(mode: str, toolchain: str, log, *, blocker: str | None = None)
         raise VendorError(f"{toolchain} build: {why} (--vendor-build require)")
     log(f"  {toolchain}: no vendor build was made: {why}")
     return {"vendor": {"name": toolchain, "built": False, "why": why}}
+
+
+def vendor_coverage(source: str, *, npu_ops: int, cpu_ops: int) -> dict:
+    """The manifest's `npu.coverage` when a vendor's compiler placed the ops (RKNN, Vela)."""
+    total = npu_ops + cpu_ops
+    return {"source": source, "nodes_total": total, "nodes_npu": npu_ops, "nodes_host": cpu_ops,
+            "node_coverage": npu_ops / total if total else 1.0}
