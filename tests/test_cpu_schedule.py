@@ -59,6 +59,10 @@ def test_register_tile_is_a_stack_array_that_fills_the_registers(name):
     assert 8 <= accumulators <= _simd_registers(target) - 4, (name, mi, nj, lanes)
     # a narrow static output uses one vector per row instead of padding to two
     assert _register_tile(target, lanes, 128, lanes)[1] == lanes
+    # so does an odd number of vectors (Llama's FFN of 688 = 43 x 16): a two-vector tile
+    # would pad every call and leave the weight unpacked
+    assert _register_tile(target, lanes, 128, 43 * lanes)[1] == lanes
+    assert _register_tile(target, lanes, 128, 42 * lanes)[1] == 2 * lanes
 
 
 def test_dense_with_a_constant_weight_runs_on_packed_panels():
@@ -76,6 +80,26 @@ def test_dense_with_a_constant_weight_runs_on_packed_panels():
         x = rng.standard_normal((seq, K)).astype("float32")
         got = vm["main"](tvm.runtime.tensor(x)).numpy()
         np.testing.assert_allclose(got, x @ w + b, rtol=1e-5, atol=1e-5)
+
+
+def test_a_weight_an_odd_number_of_vectors_wide_is_packed_and_exact():
+    lanes = _vector_lanes(HOST)
+    n = 3 * lanes
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((K, n)).astype("float32")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", R.Tensor((tirx.Var("seq", "int64"), K), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(relax.op.matmul(x, relax.const(w)))
+        bb.emit_func_output(y)
+    mod = bb.get()
+    names = [gv.name_hint for gv in cpu_pipeline(HOST)(mod).get_global_vars()]
+    assert any(name.endswith("_prepacked") for name in names), names
+    vm = relax.VirtualMachine(tvm.compile(mod, target=HOST, relax_pipeline=cpu_pipeline(HOST)), tvm.cpu())
+    for seq in (1, 13):
+        xs = rng.standard_normal((seq, K)).astype("float32")
+        np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(xs)).numpy(), xs @ w, rtol=1e-5, atol=1e-5)
 
 
 def test_weights_are_packed_in_numpy_exactly_as_the_packing_kernel_does():

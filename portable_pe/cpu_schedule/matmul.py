@@ -111,7 +111,9 @@ def _register_tile(target, lanes: int, ext_i, ext_j) -> tuple[int, int]:
     SIMD register file (minus the B vectors, the broadcast and spare registers) and keep
     the tile a stack array (see _STACK_ARRAY_LIMIT_BYTES)."""
     nj = 2 * lanes
-    if ext_j is not None and ext_j < nj:
+    if ext_j is not None and (ext_j < nj or (ext_j % nj and ext_j % lanes == 0)):
+        # one vector wide: N = 688 (Llama's FFN at width 256) is 43 vectors, so a
+        # two-vector tile would pad every call and leave the weight unpacked
         nj = lanes
     by_registers = (_simd_registers(target) - 4) // (nj // lanes)
     by_stack = (_STACK_ARRAY_LIMIT_BYTES - 1) // (nj * 4)
