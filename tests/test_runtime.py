@@ -43,3 +43,30 @@ def test_sequence_longer_than_learned_table(bundle_factory):
         run_local(bundle, {"x": x, "positions": np.arange(513)})
     with pytest.raises(InputError, match="values must lie in 0..511"):
         run_local(bundle, {"x": x[:, :10], "positions": np.arange(10) + 600})
+
+
+# ----------------------------------------------------------------- TVM's thread pool
+_POOL_SIZE = ("import os, portable_pe, tvm; "
+              "print(tvm.get_global_func('runtime.NumThreads')(), portable_pe.threads.physical_cores())")
+
+
+def _pool_in_fresh_process(**env_overrides):
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS")}
+    env.update(env_overrides)
+    out = subprocess.run([sys.executable, "-c", _POOL_SIZE], env=env, capture_output=True, text=True, check=True)
+    return [int(x) for x in out.stdout.split()]
+
+
+def test_tvm_pool_uses_every_physical_core():
+    """TVM alone sizes its pool at half the logical CPUs on x86 (it assumes SMT): one
+    thread on a 2-core VM without SMT. Importing portable_pe sizes it by cores."""
+    pool, cores = _pool_in_fresh_process()
+    assert pool == cores >= 1
+
+
+def test_tvm_pool_keeps_the_users_thread_count():
+    assert _pool_in_fresh_process(TVM_NUM_THREADS="1")[0] == 1
+    assert _pool_in_fresh_process(OMP_NUM_THREADS="1")[0] == 1
