@@ -4,7 +4,8 @@
     2    bad input: a path, file, spec, number or bundle that is wrong, named in the message;
          also a busy bundle, an unreachable board, a missing toolchain
     3    a bug in portable-pe (the line says so; --debug shows the traceback)
-    128+N  stopped by signal N: 130 for Ctrl-C, 143 for SIGTERM (partial files removed)
+    128+N  stopped by signal N: 130 for Ctrl-C, 143 for SIGTERM (partial files removed),
+         141 when the reader of stdout went away (`portable-pe list | head`), silently
 
 No Python traceback reaches the user unless --debug is given.
 """
@@ -20,9 +21,13 @@ BAD_INPUT, INTERNAL = 2, 3
 
 def run_command(command: str, fn, args, *, debug: bool = False) -> int:
     try:
-        return fn(args)
+        code = fn(args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return code
     except KeyboardInterrupt as err:
         return interrupted(command, err)
+    except BrokenPipeError:
+        return reader_gone()
     except Exception as err:  # every failure becomes one line; --debug shows where it came from
         if debug:
             raise
@@ -34,6 +39,17 @@ def run_command(command: str, fn, args, *, debug: bool = False) -> int:
         print(f"portable-pe {command}: {'error' if code == BAD_INPUT else 'internal error'}: {message}",
               file=sys.stderr)
         return code
+
+
+def reader_gone() -> int:
+    """Exit as a command killed by SIGPIPE would (141), without a message: `| head` got
+    what it wanted. Python ignores SIGPIPE and raises instead; stdout is pointed at
+    /dev/null so that the flush at exit does not raise again."""
+    import os
+    import signal
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 128 + signal.SIGPIPE
 
 
 def interrupted(command: str, err: KeyboardInterrupt) -> int:

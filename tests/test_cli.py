@@ -83,6 +83,16 @@ def test_list_and_help():
     assert "{" + ",".join(sorted(__import__("portable_pe.targets").targets.TARGETS)) + "}" in proc.stdout
 
 
+def test_a_reader_that_goes_away_ends_the_command_quietly():
+    """`portable-pe list | head -1`: the reader closes the pipe before the command writes;
+    the command exits 141 (as if killed by SIGPIPE) and prints no error."""
+    proc = subprocess.Popen([sys.executable, "-m", "portable_pe", "list"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # long before the interpreter has started and written anything
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 141 and err == "", (proc.returncode, err)
+
+
 def write_graph(path: Path, op: str, **attrs) -> Path:
     node = helper.make_node(op, ["x"], ["y"], name=f"my_{op.lower()}", **attrs)
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
