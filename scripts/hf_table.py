@@ -151,6 +151,7 @@ def bench_row(work: Path, *, blocks: int, runs: int) -> dict:
     from portable_pe.hf.check import token_ids, torch_hidden
     from portable_pe.hf.export import export_hf
     from portable_pe.runtime import LocalRunner
+    from portable_pe.threads import physical_cores
     config = transformers.LlamaConfig(vocab_size=1000, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
                                       num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=1024)
     torch.manual_seed(0)
@@ -183,7 +184,9 @@ def bench_row(work: Path, *, blocks: int, runs: int) -> dict:
             "B": 1, "T": 128, "median_ms": med, "ratio_tvm_to_ort": med["tvm"] / med["onnxruntime"],
             "max_abs_tvm_vs_torch": float(np.abs(got_tvm - want).max()),
             "max_abs_ort_vs_torch": float(np.abs(got_ort - want).max()),
-            "blocks": blocks, "runs_per_block": runs, "threads": "defaults (TVM and onnxruntime)"}
+            "blocks": blocks, "runs_per_block": runs,
+            "threads": f"defaults: TVM {tvm.get_global_func('runtime.NumThreads')()} (portable_pe sizes its pool "
+                       f"by physical cores), onnxruntime one per physical core ({physical_cores()})"}
 
 
 def to_markdown(result: dict) -> str:
@@ -206,7 +209,7 @@ def to_markdown(result: dict) -> str:
         b = result["bench"]
         lines += ["", f"bench: {b['config']}, B={b['B']} T={b['T']}: tvm {b['median_ms']['tvm']:.2f} ms, "
                   f"onnxruntime {b['median_ms']['onnxruntime']:.2f} ms (median, {b['blocks']} alternating blocks "
-                  f"of {b['runs_per_block']} runs, default threads) -> tvm/ort = {b['ratio_tvm_to_ort']:.2f}x; "
+                  f"of {b['runs_per_block']} runs, threads {b['threads']}) -> tvm/ort = {b['ratio_tvm_to_ort']:.2f}x; "
                   f"max abs vs PyTorch: tvm {b['max_abs_tvm_vs_torch']:.1e}, ort {b['max_abs_ort_vs_torch']:.1e}"]
     return "\n".join(lines) + "\n"
 
