@@ -202,6 +202,9 @@ def cmd_inspect(args) -> int:
             print(f"  {kind[:-1]:6} {io['name']}: {io['dtype']}[{', '.join(map(str, io['dims']))}]")
     for dim, info in m.get("dims", {}).items():
         print(f"  dim {dim} ({info['role']}): {info['min']}..{info['max']} {info.get('why', '')}")
+    for limit in m.get("dim_sums", []):
+        terms = " + ".join(d if c == 1 else f"{c}*{d}" for d, c in limit["dims"].items())
+        print(f"  dims {terms} <= {limit['max']} {limit.get('why', '')}")
     print(f"  simplify: {m['simplify'].get('nodes_before')} -> {m['simplify'].get('nodes_after')} nodes")
     print(f"  reference: {m['reference']['source']} at T={m['reference']['lengths']}")
     print(f"  versions: {m['versions']}")

@@ -125,13 +125,11 @@ def stage_legalize(st: CompileState) -> None:
             st.target = replace(st.target, tolerance={**st.target.tolerance,
                                                       "float32": dict(TOLERANCES["int8_tables"])})
     if st.spec is None:  # foreign graphs: make shape arithmetic something TVM's importer follows
+        from .io_names import apply_dim_bounds
         from .legalize import dim_bounds, legalize
         st.model = legalize(st.model)
-        for dim, top in dim_bounds(st.model).items():  # the graph runs only up to top
-            info = st.io["dims"].get(dim)
-            if info is not None and top < info["max"]:
-                info.update(max=top, why=f"(the graph's shapes agree only up to {dim} = {top})")
-                st.log(f"  legalize: {dim} <= {top}, where the graph's broadcasts agree")
+        for said in apply_dim_bounds(st.io, dim_bounds(st.model)):  # the graph runs only up to them
+            st.log(f"  legalize: {said}")
     _record(st, get_backend(st.target.backend).legalize_onnx(st.model, st))
     st.dump("03-legalized.onnx", st.model.SerializeToString())
 

@@ -99,3 +99,45 @@ def past_dims(inputs: list[dict], outputs: list[dict]) -> set[str]:
     in_cache = {d for i in inputs if i["name"] in cached for d in i["dims"] if isinstance(d, str)}
     elsewhere = {d for i in inputs if i["name"] not in cached for d in i["dims"] if isinstance(d, str)}
     return in_cache - elsewhere
+
+
+def bound_terms(key: str) -> dict[str, int]:
+    """{dim: coefficient} of a bound's left side as legalize writes it: "T", "T + past", "2*T + past"."""
+    terms = {}
+    for part in key.split(" + "):
+        coef, _, name = part.rpartition("*")
+        terms[name.strip()] = int(coef) if coef else 1
+    return terms
+
+
+def apply_dim_bounds(io: dict, bounds: dict[str, int]) -> list[str]:
+    """Narrow ``io["dims"]`` to the bounds the graph imposes ({"T": 1024} or {"T + past": 1024});
+    a bound on a sum of dims also goes to ``io["dim_sums"]``, which the runtime checks.
+    Returns what changed, in words."""
+    said = []
+    for key, top in bounds.items():
+        terms = bound_terms(key)
+        if not all(d in io["dims"] for d in terms):
+            continue
+        why = f"(the graph's shapes agree only up to {key} = {top})"
+        for dim, coef in terms.items():  # each dim alone, the others at their least
+            rest = sum(c * io["dims"][o]["min"] for o, c in terms.items() if o != dim)
+            info = io["dims"][dim]
+            if (top - rest) // coef < info["max"]:
+                info.update(max=(top - rest) // coef, why=why)
+        if len(terms) > 1:
+            io.setdefault("dim_sums", []).append({"dims": terms, "max": top, "why": why})
+        said.append(f"{key} <= {top}, where the graph's broadcasts agree")
+    return said
+
+
+def dim_sum_error(manifest: dict, sizes: dict[str, int]) -> str | None:
+    """Why ``sizes`` ({dim: size}) break a bound on a sum of dims (``dim_sums``), or None."""
+    for limit in manifest.get("dim_sums", []):
+        if not all(d in sizes for d in limit["dims"]):
+            continue
+        total = sum(c * sizes[d] for d, c in limit["dims"].items())
+        if total > limit["max"]:
+            expr = " + ".join(d if c == 1 else f"{c}*{d}" for d, c in limit["dims"].items())
+            return f"{expr} is {total}; this bundle accepts at most {limit['max']} {limit.get('why', '')}".strip()
+    return None

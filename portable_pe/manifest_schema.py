@@ -51,6 +51,8 @@ SCHEMA = {
     "outputs": _ListOf(_IO, non_empty=True),
     "dims?": _MapOf(_DIM),
     "value_limits?": _MapOf({"min": int, "max": int, "why?": str}),
+    # a bound on a sum of dims ({"T": 1, "past": 1} <= max: MPT's ALiBi table with a KV cache)
+    "dim_sums?": _ListOf({"dims": _MapOf(int), "max": int, "why?": str}),
     "static_length?": int,
     "reference": {"source": _Choice("torch", "onnxruntime"), "lengths": _ListOf(int)},
     "tolerance": _MapOf({"atol": _NUMBER, "rtol": _NUMBER, "min_cosine": _NUMBER}),
@@ -86,6 +88,9 @@ def validate_manifest(manifest, *, where: str) -> dict:
         if not 0 <= info["min"] <= info["max"] or (info["min"] == 0 and not info.get("past")):
             fail(f"`dims.{name}` allows {info['min']}..{info['max']}; expected 1 <= min <= max "
                  "(0 <= min only for a KV cache's past length)")
+    for i, limit in enumerate(manifest.get("dim_sums", [])):
+        if not set(limit["dims"]) <= set(dims):
+            fail(f"`dim_sums[{i}].dims` names {sorted(set(limit['dims']) - set(dims))}, which `dims` does not define")
     for i, out in enumerate(manifest["outputs"]):
         if out["dtype"] not in manifest["tolerance"]:
             fail(f"`tolerance` has no entry for output {out['name']!r}'s dtype {out['dtype']}")

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
-from .io_names import BATCH, HIDDEN, POSITIONS, SEQ, X, dim_roles, is_position_input
+from .io_names import BATCH, HIDDEN, POSITIONS, SEQ, X, dim_roles, dim_sum_error, is_position_input
 
 #: absolute and relative (to the reference's largest magnitude) error allowed, by dtype.
 #: A result passes when max_abs <= atol + rtol * max|ref| and cosine >= min_cosine.
@@ -157,7 +157,9 @@ def usable_lengths(manifest: dict, lengths) -> list[int]:
     if not seq:
         return [manifest.get("static_length", 0)]
     lo, hi = max(i["min"] for i in seq), min(i["max"] for i in seq)
-    return [n for n in lengths if lo <= n <= hi]
+    seq_dims = [d for d, i in manifest.get("dims", {}).items() if i.get("role") == SEQ]
+    # every seq dim at n (a KV cache's past too): a bound on their sum may refuse n
+    return [n for n in lengths if lo <= n <= hi and not dim_sum_error(manifest, dict.fromkeys(seq_dims, n))]
 
 
 def check_request(manifest: dict, *, lengths, batch: int = 1) -> None:

@@ -11,7 +11,7 @@ import platform
 import numpy as np
 
 from .artifact import Bundle, BundleError
-from .io_names import ROLES
+from .io_names import ROLES, dim_sum_error
 
 
 class InputError(ValueError):
@@ -45,6 +45,9 @@ def check_inputs(manifest: dict, inputs: dict[str, np.ndarray]) -> None:
             if bound_values.setdefault(dim, size) != size:
                 raise InputError(f"dim {dim!r} is {bound_values[dim]} in one input and {size} in "
                                  f"input {name!r}; they must agree")
+    beyond = dim_sum_error(manifest, bound_values)
+    if beyond:
+        raise InputError(beyond)
     for name, limit in manifest.get("value_limits", {}).items():
         values = inputs[name]
         if values.size and (values.min() < limit["min"] or values.max() > limit["max"]):

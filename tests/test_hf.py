@@ -3,8 +3,9 @@ built here (random weights, no download), exported in the test, compiled for llv
 at lengths the export never saw and compared with transformers itself.
 
 Default run: Llama (dynamo, opset 18) with and without its KV cache (prefill then
-one-token steps, from the Python API and from `portable-pe run --past`), GPT-NeoX's KV
-cache, BERT (TorchScript, opset 17), MPT and Falcon with ALiBi (dynamo, opset 18). Every architecture of ``portable_pe.hf.zoo`` at every exporter
+one-token steps, from the Python API and from `portable-pe run --past`), the KV caches of
+GPT-NeoX, MPT, Mistral and Gemma2, BERT (TorchScript, opset 17), MPT and Falcon with
+ALiBi (dynamo, opset 18). Every architecture of ``portable_pe.hf.zoo`` at every exporter
 and opset, and the KV cache of every decoder, run with ``-m hf_full``; on the emulated
 aarch64 board (``-m "hf_full and board"``) Llama and BERT.
 """
@@ -33,7 +34,11 @@ EXPORTS = [("dynamo", 18), ("dynamo", 23), ("torchscript", 17)]
 # symbolic start) and Falcon's ALiBi (a bf16 Mul onnxruntime has no kernel for) once failed
 DEFAULT = {("llama", "dynamo", 18), ("bert", "torchscript", 17), ("mpt", "dynamo", 18),
            ("falcon_alibi", "dynamo", 18)}
-DEFAULT_KV = {("llama", "dynamo", 18), ("gpt_neox", "torchscript", 17)}
+# KV caches with a Min/Max of two dims (past and T) that once failed to import: MPT's ALiBi
+# table (a bound on past + T), sliding windows (Mistral's cache offset and its Attention
+# op, Gemma2's TorchScript slice of past[-(W - 1):])
+DEFAULT_KV = {("llama", "dynamo", 18), ("gpt_neox", "torchscript", 17), ("mpt", "dynamo", 18),
+              ("mistral", "dynamo", 23), ("gemma2", "torchscript", 17)}
 hf_full = pytest.mark.hf_full
 
 
@@ -124,6 +129,21 @@ def test_mpt_length_is_bounded_by_its_alibi_table(hf_bundle):
     decides max(0, L - T) under that bound, and the manifest refuses longer inputs."""
     _, bundle = hf_bundle("mpt", "dynamo", 18)
     assert bundle.manifest["dims"]["T"]["max"] == ARCHITECTURES["mpt"].options["max_seq_len"]
+
+
+def test_mpt_cache_is_bounded_by_its_alibi_table(hf_bundle):
+    """With a KV cache MPT's table is sliced by max(0, L - past - T): the bound is on the
+    sum, each dim's max follows from it, and the runtime refuses a longer total."""
+    from portable_pe.runtime import InputError
+    _, bundle = hf_bundle("mpt", "dynamo", 18, kv_cache=True)
+    top = ARCHITECTURES["mpt"].options["max_seq_len"]
+    assert bundle.manifest["dim_sums"] == [{"dims": {"T": 1, "past": 1}, "max": top,
+                                            "why": f"(the graph's shapes agree only up to T + past = {top})"}]
+    assert bundle.manifest["dims"]["T"]["max"] == top and bundle.manifest["dims"]["past"]["max"] == top - 1
+    past = {i["name"]: np.zeros((1, i["dims"][1], 2, i["dims"][3]), np.float32)
+            for i in bundle.manifest["inputs"] if i["name"] != "input_ids"}
+    with pytest.raises(InputError, match=f"T \\+ past is {top + 1}"):
+        LocalRunner(bundle).run({"input_ids": np.full((1, top - 1), 5, np.int64), **past})
 
 
 def test_inspect_says_every_dim_is_followed(hf_bundle, capsys):

@@ -609,6 +609,78 @@ def test_broadcast_bound_decides_max_under_it():
     assert bound_from_broadcast(T, sympy.Max(T, 4)) is None  # equal from 4 up: a lower bound
 
 
+def _dim_symbols():
+    import sympy
+    return sympy.Symbol("T", integer=True, positive=True), sympy.Symbol("past", integer=True, nonnegative=True)
+
+
+def test_minmax_decided_for_every_input():
+    """dims >= 1, a KV cache's past length >= 0: a Max that one side wins everywhere goes."""
+    import sympy
+    from portable_pe.legalize.bounds import decide
+    T, past = _dim_symbols()
+    assert decide(sympy.Max(0, 1 - past - 2 * T)) == 0  # MPT's ALiBi start with a cache
+    assert decide(sympy.Min(past + T, T)) == T
+    assert decide(sympy.Max(0, 1 - past)) == sympy.Max(0, 1 - past)  # 1 at the prefill
+    assert decide(sympy.Max(0, past - 35)) == sympy.Max(0, past - 35)  # a sliding window: kept
+    assert decide(sympy.Max(0, past - 35), {past: 35}) == 0
+
+
+def test_bound_on_a_sum_of_dims():
+    """MPT with a KV cache: its ALiBi table of L rows sliced from max(0, L - past - T)
+    broadcast against the keys (past + T): the graph runs for past + T <= L only."""
+    import sympy
+    from portable_pe.legalize.bounds import bound_from_attention, bound_from_broadcast, under
+    T, past = _dim_symbols()
+    assert bound_from_broadcast(past + T, 1024 - sympy.Max(0, 1024 - T - past)) == (T + past, 1024)
+    assert under(sympy.Max(0, 1024 - T - past), {T + past: 1024}) == 1024 - T - past
+    # a sliding window's cache (W - 1 = 35 rows kept) against a mask of past + T
+    keys = T + past - sympy.Max(0, past - 35)
+    assert bound_from_attention(past + T, keys) == (past, 35)
+    assert bound_from_attention(keys, past + T) is None  # a shorter mask is padded (Attention-24)
+
+
+def test_slice_from_the_end_of_a_short_dim_is_exact():
+    """x[-4:] of a dim shorter than 4 is the whole dim (TorchScript's sliding-window cache
+    slices past[-(W - 1):], and past is 0 at the prefill)."""
+    import sympy
+    from portable_pe.legalize.shapes import INT_BIG, slice_dim
+    T, past = _dim_symbols()
+    one, big = sympy.Integer(1), sympy.Integer(INT_BIG)
+    assert slice_dim(past, sympy.Integer(-4), big, one) == past - sympy.Max(0, past - 4)
+    assert slice_dim(T, sympy.Integer(0), sympy.Integer(4), one) == sympy.Min(4, T)
+    assert slice_dim(T, one, big, one) == T - 1
+
+
+def test_max_of_dims_reaches_tvm_as_a_dim_value():
+    """x[:, -4:] then a Reshape to its own shape: the length S - max(0, S - 4) is a dim
+    program with a Max of dim values, which onnx_ops.minmax imports as tirx.max."""
+    x = oh.make_tensor_value_info("x", TP.FLOAT, [1, "S"])
+    y = oh.make_tensor_value_info("y", TP.FLOAT, None)
+    c = [onnx.numpy_helper.from_array(np.array(v, np.int64), n)
+         for n, v in (("st", [-4]), ("en", [2**63 - 1]), ("ax", [1]))]
+    nodes = [oh.make_node("Slice", ["x", "st", "en", "ax"], ["s"]),
+             oh.make_node("Shape", ["s"], ["shape"]),
+             oh.make_node("Mul", ["s", "s"], ["m"]),
+             oh.make_node("Reshape", ["m", "shape"], ["y"])]
+    model = oh.make_model(oh.make_graph(nodes, "g", [x], [y], c), opset_imports=[oh.make_opsetid("", 18)])
+    leg = legalize(model)
+    assert "Max" in {n.op_type for n in leg.graph.node}
+    feeds = [{"x": np.arange(n, dtype=np.float32)[None]} for n in (2, 4, 9)]
+    for f, out in zip(feeds, compile_run(import_onnx(leg), feeds)):
+        np.testing.assert_array_equal(out, ort_run(model, f))
+
+
+def test_a_bound_on_a_sum_narrows_each_dim_and_the_runtime_refuses_beyond():
+    from portable_pe.io_names import apply_dim_bounds, dim_sum_error
+    io = {"dims": {"T": {"role": "seq", "min": 1, "max": 4096},
+                   "past": {"role": "seq", "min": 0, "max": 4096, "past": True}}}
+    assert apply_dim_bounds(io, {"T + past": 1024})
+    assert io["dims"]["T"]["max"] == 1024 and io["dims"]["past"]["max"] == 1023
+    assert dim_sum_error(io, {"T": 600, "past": 424}) is None
+    assert "T + past is 1025; this bundle accepts at most 1024" in dim_sum_error(io, {"T": 600, "past": 425})
+
+
 def test_bf16_mul_in_float32_is_bit_exact():
     from portable_pe.bf16_mul import widen_bf16_mul
     x = oh.make_tensor_value_info("x", TP.BFLOAT16, [4096])

@@ -98,7 +98,7 @@ def export_hf(model, path: str | Path, *, exporter: str = "dynamo", opset: int =
             seq = torch.export.Dim("T", min=1, max=MAX_LENGTH)
             dims = [{1: seq}]
             if kv_cache:  # *past arrives as one tuple argument
-                cached = torch.export.Dim("past", min=1, max=MAX_LENGTH)
+                cached = torch.export.Dim("past", min=1, max=past_max(model))
                 dims.append(tuple({2: cached} for _ in past_names))
             torch.onnx.export(module, args, str(path), dynamo=True, opset_version=opset,
                               dynamic_shapes=tuple(dims), input_names=inputs, output_names=outputs,
@@ -110,6 +110,19 @@ def export_hf(model, path: str | Path, *, exporter: str = "dynamo", opset: int =
             torch.onnx.export(module, args, str(path), dynamo=False, opset_version=opset,
                               input_names=inputs, output_names=outputs, dynamic_axes=axes)
     return path
+
+
+def past_max(model) -> int:
+    """The largest past length the dynamo export declares. A sliding-window cache layer
+    keeps its last ``sliding_window - 1`` tokens, and a flat cache has one past length for
+    every layer, so a longer past never arrives; torch.export may also guard the cache
+    below the window (after a TorchScript export in the same process it refuses
+    ``past <= MAX_LENGTH`` for Gemma2: "Not all values of past ... satisfy the generated
+    guard ... <= 63")."""
+    from transformers.cache_utils import get_layer_types_and_kwargs  # pylint: disable=import-outside-toplevel
+    _, kwargs = get_layer_types_and_kwargs(model.config.get_text_config(decoder=True))
+    windows = [k["sliding_window"] for k in kwargs if k.get("sliding_window")]
+    return min([MAX_LENGTH] + [w - 1 for w in windows])
 
 
 def cache_kwarg(model) -> str:

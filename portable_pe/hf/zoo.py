@@ -70,7 +70,10 @@ ARCHITECTURES = {
     "qwen2": Arch("Qwen2Config", "Qwen2Model", "rotary", _decoder(num_key_value_heads=2), decoder=True),
     "qwen3": Arch("Qwen3Config", "Qwen3Model", "rotary", _decoder(num_key_value_heads=2, head_dim=8),
                   decoder=True),
-    "mistral": Arch("MistralConfig", "MistralModel", "rotary", _decoder(num_key_value_heads=2), decoder=True),
+    # a window shorter than the unseen lengths 37 and 100, so that its mask matters there (and
+    # longer than the 33 tokens the compile checks a KV-cache graph at: past = 33 < window)
+    "mistral": Arch("MistralConfig", "MistralModel", "rotary", _decoder(num_key_value_heads=2, sliding_window=36),
+                    decoder=True),
     "phi": Arch("PhiConfig", "PhiModel", "rotary", _decoder(partial_rotary_factor=0.5), decoder=True),
     "phi3": Arch("Phi3Config", "Phi3Model", "rotary", _decoder(num_key_value_heads=2), decoder=True),
     "gemma": Arch("GemmaConfig", "GemmaModel", "rotary", _decoder(num_key_value_heads=1, head_dim=8),

@@ -22,9 +22,13 @@ own inference writes ``unk__``), evaluates the graph's small integer computation
   input's dims (TVM's Range converter always invents a fresh length variable);
 * writes a constant Pad by symbolic amounts as Concat with ConstantOfShape blocks;
 * removes the dead remains;
-* records in the model's metadata (``dim_bounds``) an upper bound on an input dim that
-  the graph itself imposes (``bounds``: MPT's ALiBi table of ``max_seq_len`` rows), where
-  a dim was decided under it.
+* decides a Min/Max of dims where one side wins for every input (``bounds``: dims are
+  >= 1, a KV cache's past length >= 0); one that stays undecided (a sliding window's
+  ``max(0, past - W + 1)``) goes to TVM as a Max of dim values (``onnx_ops.minmax``);
+* records in the model's metadata (``dim_bounds``) an upper bound on an input dim, or on
+  a sum of them, that the graph itself imposes (``bounds``: MPT's ALiBi table of
+  ``max_seq_len`` rows bounds ``T``, with a KV cache ``past + T``; a sliding window's
+  cache of ``W - 1`` rows bounds ``past``), where a dim was decided under it.
 
 Nothing is fixed to a size: batch and sequence axes stay dynamic.
 
@@ -34,7 +38,8 @@ Modules
 ``symbolic``  ``_Sym``: shapes of every tensor, values of the small integer ones
 ``dimexpr``   ``DimEmitter``: a dim expression as importer-friendly ONNX nodes
 ``rewrite``   ``_Rewriter``: rebuilds operands, Ranges and Pads, folds constants
-``bounds``    input-dim bounds a broadcast imposes; dims decided under them
+``bounds``    Min/Max decided; input-dim bounds a broadcast imposes; dims decided under them
+``dims``      the graph inputs' dims as sympy symbols
 ``follow``    ``first_unfollowed``: the first node whose shape cannot be followed
 ``graph``     shape inference, dead-code removal, input-shape overrides
 """

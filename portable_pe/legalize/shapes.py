@@ -232,9 +232,12 @@ def _split(attrs, shapes, values, n_out):
 def slice_dim(dim, start, end, step):
     """Length of dim[start:end:step] under ONNX Slice clamping, or None.
 
-    With a symbolic dim, a bound is clamped only where the comparison is decided for
-    every value of the symbols; otherwise it is taken as in range (as torch.export
-    assumes of the sizes it traced: a length sliced at k is at least k)."""
+    With a symbolic dim, a constant bound is clamped exactly: ``x[-k:]`` of a past length
+    that may be shorter than k starts at ``Max(0, past - k)`` (a sliding window's cache),
+    ``x[:k]`` ends at ``Min(k, dim)``; what the dims' lows decide, ``bounds.under`` drops
+    later. A symbolic bound is clamped only where the comparison is decided for every
+    value of the symbols; otherwise it is taken as in range (as torch.export assumes of
+    the sizes it traced: a length sliced at k is at least k)."""
     if step is None or dim is None or not step.is_number or int(step) == 0:
         return None
     step = int(step)
@@ -247,6 +250,8 @@ def slice_dim(dim, start, end, step):
     def norm(v):
         if v.is_number and int(v) >= INT_BIG:
             return dim
+        if v.is_number and not dim.is_number:
+            return sympy.Max(0, dim + v) if int(v) < 0 else sympy.Min(v, dim)
         v = dim + v if v.is_number and int(v) < 0 else v
         over = sympy.expand(v - dim)
         return dim if over.is_number and int(over) >= 0 else v

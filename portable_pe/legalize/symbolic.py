@@ -1,25 +1,23 @@
 """Symbolic evaluation of a graph's small integer/shape computations.
 
 ``_Sym`` evaluates every small tensor value with sympy, the dims of the graph
-inputs as (positive integer) symbols, and records which input axis each symbol
-comes from.
+inputs as integer symbols (``dims``: positive, a KV cache's past length nonnegative),
+and records which input axis each symbol comes from.
 """
 
 from __future__ import annotations
-
-import re
 
 import numpy as np
 import onnx
 import sympy
 from onnx import helper, numpy_helper
 
-from .bounds import bound_from_broadcast, under
+from .bounds import bound_from_attention, bound_from_broadcast, nonnegative, under
+from .dims import _dims, _past_dims
 from .shapes import _BINARY, SHAPE_RULES
 
 _BROADCASTING = set(_BINARY)
 _MAX_ELEMS = 64  # only small tensors are evaluated symbolically
-_DIM_EXPR_RE = re.compile(r"^[A-Za-z0-9_+\-*/() ]+$")
 
 
 # --------------------------------------------------------------------------- #
@@ -35,13 +33,15 @@ class _Sym:
         self.shape: dict[str, list | None] = {}
         self.elem: dict[str, int] = {}
         self.src: dict[sympy.Symbol, tuple[str, int]] = {}  # symbol -> (graph input, axis)
-        self.bounds: dict[sympy.Symbol, int] = {}  # symbol -> the largest value the graph runs at
+        # a dim or a sum of dims -> the largest value the graph runs at (``bounds``)
+        self.bounds: dict[sympy.Expr, int] = {}
 
+        past = _past_dims(graph)
         for vi in list(graph.input) + list(graph.value_info) + list(graph.output):
             t = vi.type.tensor_type
             if vi.type.HasField("tensor_type"):
                 self.elem[vi.name] = t.elem_type
-                self.shape[vi.name] = _dims(t) if t.HasField("shape") else None
+                self.shape[vi.name] = _dims(t, past) if t.HasField("shape") else None
         init_names = {i.name for i in graph.initializer}
         for vi in graph.input:
             if vi.name in init_names:
@@ -92,6 +92,8 @@ class _Sym:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         shapes = [self.shape.get(i) if i else None for i in node.input]
         values = [self.val.get(i) if i else None for i in node.input]
+        if node.op_type == "Attention":
+            self._attention_bound(shapes)
         try:
             found = rule(attrs, shapes, values, len(outs))
             if node.op_type in _BROADCASTING and found[0] is not None and None in found[0] \
@@ -123,6 +125,18 @@ class _Sym:
                         self.bounds[found[0]] = found[1]
                         new = True
         return new
+
+    def _attention_bound(self, shapes) -> None:
+        """Attention (q, k, v, mask, past_k): the mask's last axis is the keys' length; a
+        sliding window's cache makes them agree only up to a bound, as a broadcast would."""
+        k, mask = shapes[1], shapes[3] if len(shapes) > 3 else None
+        past = shapes[4] if len(shapes) > 4 else None
+        if k is None or mask is None or len(k) != 4 or k[2] is None or mask[-1] is None:
+            return
+        total = k[2] if past is None else (None if past[2] is None else past[2] + k[2])
+        found = None if total is None else bound_from_attention(mask[-1], total)
+        if found and found[1] < self.bounds.get(found[0], found[1] + 1):
+            self.bounds[found[0]] = found[1]
 
     # one node -------------------------------------------------------------
     def _eval(self, node: onnx.NodeProto):
@@ -225,7 +239,7 @@ class _Sym:
             x, y = np.broadcast_arrays(v[0], v[1])
             res = []
             for p, q in zip(x.ravel(), y.ravel()):
-                z = sympy.simplify(p - q).is_zero  # dims are positive symbols
+                z = _is_zero(p - q)
                 if z is None:
                     return
                 res.append(sympy.Integer(int(z)))
@@ -270,6 +284,15 @@ class _Sym:
         self.shape[outs[0]] = [sympy.Integer(d) for d in out.shape]
 
 
+def _is_zero(d):
+    """d == 0 for every input (True), for none (False), or undecided (None); d >= 1 or
+    d <= -1 settles it where d has a Min/Max (a sliding window's cache length)."""
+    z = sympy.simplify(d).is_zero  # dims are positive symbols, past lengths nonnegative
+    if z is None and (nonnegative(d - 1) or nonnegative(-d - 1)):
+        return False
+    return z
+
+
 def _vmap(fn, arr):
     arr = np.asarray(arr, dtype=object)
     flat = [fn(x) for x in arr.ravel()]
@@ -310,26 +333,3 @@ def _is_int_elem(elem: int) -> bool:
         onnx.TensorProto.UINT64,
         onnx.TensorProto.BOOL,
     )
-
-
-def _dims(t) -> list:
-    res = []
-    for d in t.shape.dim:
-        if d.HasField("dim_value"):
-            res.append(sympy.Integer(d.dim_value))
-        elif d.HasField("dim_param") and not d.dim_param.startswith("unk__"):
-            p = d.dim_param
-            if p.isidentifier():
-                res.append(sympy.Symbol(p, integer=True, positive=True))
-            elif _DIM_EXPR_RE.match(p):
-                try:
-                    names = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", p))
-                    loc = {n: sympy.Symbol(n, integer=True, positive=True) for n in names}
-                    res.append(sympy.sympify(p.replace("//", "/"), locals=loc))
-                except Exception:  # pylint: disable=broad-except
-                    res.append(None)
-            else:
-                res.append(None)
-        else:
-            res.append(None)
-    return res

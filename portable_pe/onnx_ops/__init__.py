@@ -16,6 +16,7 @@ replaced outright (same op_type, no renaming).
     attention.py   Attention-23/24
     clip.py        Clip as Relax ops
     gather.py      Gather with constant indices, without run-time index arithmetic
+    minmax.py      Max/Min of dim values (PrimValues) as one PrimValue
     common.py      small Relax helpers the converters share
 """
 
@@ -33,6 +34,7 @@ from tvm.relax.frontend.onnx import onnx_frontend as _fe
 from .attention import Attention
 from .clip import Clip
 from .gather import Gather
+from .minmax import Max, Min
 from .rotary import RotaryEmbedding
 
 __all__ = ["custom_converters", "import_onnx", "unsupported_nodes", "UnsupportedOnnxOps"]
@@ -64,7 +66,7 @@ _OUR_OPS = {  # op_type -> (converter, lowest opset version, highest opset versi
 
 
 # TVM converters replaced while importing (same op_type, so no renaming)
-_REPLACED_OPS = {"Clip": Clip, "Gather": Gather}
+_REPLACED_OPS = {"Clip": Clip, "Gather": Gather, "Max": Max, "Min": Min}
 
 
 def custom_converters() -> dict[str, type]:
