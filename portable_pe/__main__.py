@@ -4,9 +4,9 @@ installs its handlers) exits 130 with one line too, not with a traceback."""
 import sys
 
 try:
-    from .cli import main
+    from .cli import entry
 except KeyboardInterrupt:
     print("portable-pe: interrupted", file=sys.stderr)
     raise SystemExit(130) from None
 
-raise SystemExit(main())
+raise SystemExit(entry())

@@ -303,3 +303,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as err:
         return interrupted("", err)
     return run_command(args.command, COMMANDS[args.command], args, debug=getattr(args, "debug", False))
+
+
+def entry() -> int:
+    """The `portable-pe` program (console script and `python -m portable_pe`): main, then a
+    teardown no signal can turn into a failure (interrupts.ignore_from_now)."""
+    from .interrupts import ignore_from_now
+    code = main()
+    ignore_from_now()
+    return code

@@ -39,6 +39,18 @@ def install() -> None:
             signal.signal(sig, _handler)
 
 
+def ignore_from_now() -> None:
+    """Ignore SIGINT, SIGTERM and SIGHUP for the rest of the process (main thread only).
+
+    For the CLI process once its command has returned: its outputs are complete, and what
+    is left is the interpreter's teardown (TVM's and torch's, about 0.5 s). Python restores
+    the default handlers there, so a Ctrl-C in that window killed the process with status
+    130 and no message, after the command had succeeded."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+
+
 def raise_if_interrupted(err: BaseException) -> None:
     """Re-raise as Interrupted when `err` is what a signal turned into inside C++ code."""
     if _received and not isinstance(err, KeyboardInterrupt):

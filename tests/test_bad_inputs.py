@@ -330,6 +330,25 @@ def test_ctrl_c_during_the_tvm_build_is_an_interrupt_not_a_failed_stage(tmp_path
     assert list(tmp_path.iterdir()) == []
 
 
+def test_ctrl_c_after_the_command_finished_does_not_fail_it(tmp_path, tiny_bundle):
+    """Once `run` has written its output, the interpreter's teardown (TVM, torch) still
+    takes a moment; a Ctrl-C then used to end the process with 130 and no message."""
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "in.npz", x=rng.standard_normal((1, 7, 64)).astype(np.float32), positions=np.arange(7))
+    proc = subprocess.Popen([sys.executable, "-m", "portable_pe", "run", str(tiny_bundle.path), "--inputs",
+                             str(tmp_path / "in.npz"), "--out", str(tmp_path / "o.npz")], cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith("wrote "):
+            proc.send_signal(signal.SIGINT)
+            break
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and err == "", (proc.returncode, err)
+    with np.load(tmp_path / "o.npz") as out:
+        assert out["hidden"].shape == (1, 7, 64)
+
+
 # ----------------------------------------------------------------------------- the CLI itself
 def test_list_and_help_import_no_torch_and_help_is_whole():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
