@@ -31,6 +31,29 @@ def physical_cores() -> int:
     return len(cores) or len(cpus)
 
 
+def cpu_quota(cgroup_root: str = "/sys/fs/cgroup") -> int | None:
+    """CPUs' worth of time the process's cgroup may use (a container's `--cpus`), rounded
+    up, or None when unlimited or unknown. cgroup v2 writes "QUOTA PERIOD" (or "max
+    PERIOD") in cpu.max; v1 has cpu.cfs_quota_us (-1: unlimited) and cpu.cfs_period_us."""
+    def read(name):
+        with open(os.path.join(cgroup_root, name)) as f:
+            return f.read().split()
+    try:
+        quota, period = read("cpu.max")
+    except (OSError, ValueError):
+        try:
+            quota, period = read("cpu/cpu.cfs_quota_us")[0], read("cpu/cpu.cfs_period_us")[0]
+        except (OSError, IndexError):
+            return None
+    try:
+        quota, period = int(quota), int(period)
+    except ValueError:  # "max": unlimited
+        return None
+    if quota <= 0 or period <= 0:
+        return None
+    return max(1, -(-quota // period))
+
+
 def default_tvm_threads() -> None:
     """Size TVM's thread pool by physical cores unless the user chose (TVM_NUM_THREADS or
     OMP_NUM_THREADS, which TVM reads).
@@ -39,9 +62,12 @@ def default_tvm_threads() -> None:
     per core, and runtime.config_threadpool cannot grow the pool afterwards. On a 2-core
     VM without SMT (this project's CI machines) that is one thread: a Llama-style export
     ran in 4.7 ms on it and 2.7 ms on two. The pool reads the variable when it is
-    created, at the first parallel kernel, so this runs when portable_pe is imported."""
+    created, at the first parallel kernel, so this runs when portable_pe is imported.
+    A cgroup CPU quota (``docker --cpus``) lowers the count further."""
     if "TVM_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in os.environ:
-        os.environ["TVM_NUM_THREADS"] = str(physical_cores())
+        # a container limited to fewer CPUs than it sees: more threads than its quota
+        # only queue behind each other (and a parallel kernel waits for the slowest)
+        os.environ["TVM_NUM_THREADS"] = str(min(physical_cores(), cpu_quota() or physical_cores()))
 
 
 def set_threads(n: int, *, passive: bool = True) -> dict[str, int]:

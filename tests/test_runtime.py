@@ -46,8 +46,8 @@ def test_sequence_longer_than_learned_table(bundle_factory):
 
 
 # ----------------------------------------------------------------- TVM's thread pool
-_POOL_SIZE = ("import os, portable_pe, tvm; "
-              "print(tvm.get_global_func('runtime.NumThreads')(), portable_pe.threads.physical_cores())")
+_POOL_SIZE = ("import os, portable_pe, tvm; from portable_pe.threads import physical_cores, cpu_quota; "
+              "print(tvm.get_global_func('runtime.NumThreads')(), min(physical_cores(), cpu_quota() or 10**6))")
 
 
 def _pool_in_fresh_process(**env_overrides):
@@ -70,3 +70,30 @@ def test_tvm_pool_uses_every_physical_core():
 def test_tvm_pool_keeps_the_users_thread_count():
     assert _pool_in_fresh_process(TVM_NUM_THREADS="1")[0] == 1
     assert _pool_in_fresh_process(OMP_NUM_THREADS="1")[0] == 1
+
+
+@pytest.mark.parametrize("files,cpus", [
+    ({"cpu.max": "max 100000\n"}, None),
+    ({"cpu.max": "150000 100000\n"}, 2),  # docker --cpus=1.5: two threads, not one
+    ({"cpu.max": "50000 100000\n"}, 1),
+    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+    ({"cpu/cpu.cfs_quota_us": "300000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 3),
+    ({}, None),
+])
+def test_a_containers_cpu_quota_is_read_from_cgroup_v1_and_v2(tmp_path, files, cpus):
+    from portable_pe.threads import cpu_quota
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert cpu_quota(str(tmp_path)) == cpus
+
+
+def test_the_pool_default_is_the_smaller_of_cores_and_quota(monkeypatch):
+    from portable_pe import threads
+    for quota, want in ((None, "8"), (3, "3"), (16, "8")):
+        monkeypatch.delenv("TVM_NUM_THREADS", raising=False)
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        monkeypatch.setattr(threads, "physical_cores", lambda: 8)
+        monkeypatch.setattr(threads, "cpu_quota", lambda quota=quota: quota)
+        threads.default_tvm_threads()
+        assert threads.os.environ["TVM_NUM_THREADS"] == want, quota
