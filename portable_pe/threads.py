@@ -67,7 +67,8 @@ def default_tvm_threads() -> None:
     if "TVM_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in os.environ:
         # a container limited to fewer CPUs than it sees: more threads than its quota
         # only queue behind each other (and a parallel kernel waits for the slowest)
-        os.environ["TVM_NUM_THREADS"] = str(min(physical_cores(), cpu_quota() or physical_cores()))
+        cores = physical_cores()
+        os.environ["TVM_NUM_THREADS"] = str(min(cores, cpu_quota() or cores))
 
 
 def set_threads(n: int, *, passive: bool = True) -> dict[str, int]:
