@@ -120,11 +120,15 @@ class _Sym:
             dims = [x[-i] for x in shapes if len(x) >= i and x[-i] is not None]
             for a in dims:
                 for b in dims:
-                    found = bound_from_broadcast(a, b)
-                    if found and found[1] < self.bounds.get(found[0], found[1] + 1):
-                        self.bounds[found[0]] = found[1]
-                        new = True
+                    new |= self._tighten(bound_from_broadcast(a, b))
         return new
+
+    def _tighten(self, found) -> bool:
+        """Record bound (f, U) unless f already has one at most U; True if it is new."""
+        if not found or found[1] >= self.bounds.get(found[0], found[1] + 1):
+            return False
+        self.bounds[found[0]] = found[1]
+        return True
 
     def _attention_bound(self, shapes) -> None:
         """Attention (q, k, v, mask, past_k): the mask's last axis is the keys' length; a
@@ -134,9 +138,8 @@ class _Sym:
         if k is None or mask is None or len(k) != 4 or k[2] is None or mask[-1] is None:
             return
         total = k[2] if past is None else (None if past[2] is None else past[2] + k[2])
-        found = None if total is None else bound_from_attention(mask[-1], total)
-        if found and found[1] < self.bounds.get(found[0], found[1] + 1):
-            self.bounds[found[0]] = found[1]
+        if total is not None:
+            self._tighten(bound_from_attention(mask[-1], total))
 
     # one node -------------------------------------------------------------
     def _eval(self, node: onnx.NodeProto):
