@@ -25,15 +25,17 @@ def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
 def widen_bf16_mul(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """(model with every bf16 Mul of its main graph computed in float32, how many)."""
     types = _elem_types(model)
-    bf16 = [n for n in model.graph.node
-            if n.op_type == "Mul" and n.domain in ("", "ai.onnx") and types.get(n.output[0]) == TensorProto.BFLOAT16]
-    if not bf16:
+
+    def bf16_mul(node) -> bool:
+        return node.op_type == "Mul" and node.domain in ("", "ai.onnx") and types.get(node.output[0]) == TensorProto.BFLOAT16
+
+    count = sum(map(bf16_mul, model.graph.node))
+    if not count:
         return model, 0
     model = onnx.ModelProto.FromString(model.SerializeToString())
     nodes = []
     for node in model.graph.node:
-        if not (node.op_type == "Mul" and node.domain in ("", "ai.onnx")
-                and types.get(node.output[0]) == TensorProto.BFLOAT16):
+        if not bf16_mul(node):
             nodes.append(node)
             continue
         base = node.name or node.output[0]
@@ -45,4 +47,4 @@ def widen_bf16_mul(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
                                       to=TensorProto.BFLOAT16))
     del model.graph.node[:]
     model.graph.node.extend(nodes)
-    return model, len(bf16)
+    return model, count
