@@ -27,15 +27,19 @@ GOALS = {"int8 tvm / ort int8": 0.8, "int8 tvm / fp32 tvm": 0.6, "fp32 tvm / bes
          "fp32 tvm / best f32 peer": 0.85, "int8 cosine": 0.999}
 
 
-def _kernel_profile():
-    spec = importlib.util.spec_from_file_location("kernel_profile", ROOT / "scripts" / "kernel_profile.py")
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.profile_kernels
+    return module
 
 
-def goal_rows(result) -> list[dict]:
-    """Per cell: the ratios and cosines the goals are about (None where an engine is missing)."""
+def goal_rows(result, fp32_floor_ms=None) -> list[dict]:
+    """Per cell: the ratios and cosines the goals are about (None where an engine is missing).
+
+    ``fp32_floor_ms(b, t)``: the least time any float32 engine could take for the cell
+    (scripts/fp32_floor.py); its ratio to the best peer says whether a float32 goal is
+    reachable at all."""
     def ms(engine, b, t):
         cell = result.cell(engine, b, t)
         return cell.median_ms if cell is not None and cell.median_ms else None
@@ -55,6 +59,9 @@ def goal_rows(result) -> list[dict]:
                          "int8 tvm / fp32 tvm": ratio(ms("tvm-int8", b, t), ms("tvm", b, t)),
                          "fp32 tvm / best peer": ratio(ms("tvm", b, t), min(peers) if peers else None),
                          "fp32 tvm / best f32 peer": ratio(ms("tvm", b, t), min(f32_peers) if f32_peers else None),
+                         "fp32 floor / best peer": ratio(fp32_floor_ms and fp32_floor_ms(b, t), min(peers) if peers else None),
+                         "fp32 floor / best f32 peer": ratio(fp32_floor_ms and fp32_floor_ms(b, t),
+                                                             min(f32_peers) if f32_peers else None),
                          "int8 cosine": tvm8.cosine if tvm8 else None,
                          "ort int8 cosine": ort8.cosine if ort8 else None})
     return rows
@@ -67,20 +74,33 @@ def goals_markdown(rows: list[dict]) -> str:
         met = value >= GOALS[key] if key == "int8 cosine" else value <= GOALS[key]
         return f"{value:.6f}" if key == "int8 cosine" else f"{value:.2f}" + ("" if met else " (miss)")
 
+    def floor(value):
+        return "n/a" if value is None else f"{value:.2f}"
+
     lines = ["| graph | B | T | int8 TVM / onnxruntime int8 (<= 0.8) | int8 TVM / fp32 TVM (<= 0.6) | "
-             "fp32 TVM / best of onnxruntime, OpenVINO default (<= 0.85) | fp32 TVM / best of onnxruntime, OpenVINO f32 | "
-             "int8 cosine TVM (>= 0.999) | int8 cosine onnxruntime |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "fp32 TVM / best of onnxruntime, OpenVINO default (<= 0.85) | float32 floor / same | "
+             "fp32 TVM / best of onnxruntime, OpenVINO f32 | float32 floor / same | "
+             "int8 cosine TVM (>= 0.999) | int8 cosine onnxruntime | TVM - onnxruntime |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         cos = mark("int8 cosine", r["int8 cosine"])
+        both = r["int8 cosine"] is not None and r["ort int8 cosine"] is not None
         if r["int8 cosine"] is not None and (r["int8 cosine"] < GOALS["int8 cosine"] or
-                                             (r["ort int8 cosine"] is not None and r["int8 cosine"] < r["ort int8 cosine"])):
+                                             (both and r["int8 cosine"] < r["ort int8 cosine"])):
             cos += " (miss)"
         lines.append(f"| {r['graph']} | {r['B']} | {r['T']} | {mark('int8 tvm / ort int8', r['int8 tvm / ort int8'])} | "
                      f"{mark('int8 tvm / fp32 tvm', r['int8 tvm / fp32 tvm'])} | {mark('fp32 tvm / best peer', r['fp32 tvm / best peer'])} | "
+                     f"{floor(r.get('fp32 floor / best peer'))} | "
                      f"{mark('fp32 tvm / best f32 peer', r['fp32 tvm / best f32 peer'])} | "
-                     f"{cos} | {'n/a' if r['ort int8 cosine'] is None else format(r['ort int8 cosine'], '.6f')} |")
+                     f"{floor(r.get('fp32 floor / best f32 peer'))} | "
+                     f"{cos} | {'n/a' if r['ort int8 cosine'] is None else format(r['ort int8 cosine'], '.6f')} | "
+                     f"{format(r['int8 cosine'] - r['ort int8 cosine'], '+.1e') if both else 'n/a'} |")
     return "\n".join(lines)
+
+
+FLOOR_NOTE = ("\"float32 floor\" is the cell's matmul FLOPs (PyTorch's FlopCounterMode) at this CPU's measured "
+              "float32 FMA peak ({peak:.0f} GFLOP/s on {threads} threads; scripts/fp32_floor.py): no float32 engine "
+              "can be faster. Where floor / peer is above 0.85, the 0.85 goal is out of reach of any float32 build.")
 
 
 def main() -> int:
@@ -103,20 +123,26 @@ def main() -> int:
                         batches=tuple(int(v) for v in args.batch.split(",")), threads=args.threads,
                         repeat=args.repeat, min_time_s=args.min_time, engines=tuple(args.engines.split(",")),
                         pool=args.pool)
-    results, rows = [], []
-    for graph in args.graphs.split(","):
-        result = bench_graph(graph, settings=settings, out=args.out / Path(graph).stem, log=lambda m: print(m, flush=True))
-        results.append(result)
-        rows += goal_rows(result)
+    results = [bench_graph(graph, settings=settings, out=args.out / Path(graph).stem, log=lambda m: print(m, flush=True))
+               for graph in args.graphs.split(",")]
+    # after the benches: their thread pools are made with the bench's settings, and the
+    # peak kernel runs with every engine idle
+    fp32_floor = _script("fp32_floor")
+    peak = fp32_floor.fma_peak_gflops(args.threads)
+    print(f"float32 FMA peak: {peak:.0f} GFLOP/s on {args.threads} threads", flush=True)
+    rows = []
+    for graph, result in zip(args.graphs.split(","), results):
+        rows += goal_rows(result, lambda b, t, g=graph: fp32_floor.matmul_gflop(g, b, t) / peak * 1e3)
     parts = [f"## Bench: {len(results)} graph(s), {args.threads} threads, pools {args.pool}, one run", "",
-             "Goals per cell (ratios of medians within the cell):", "", goals_markdown(rows)]
+             "Goals per cell (ratios of medians within the cell):", "", goals_markdown(rows), "",
+             FLOOR_NOTE.format(peak=peak, threads=args.threads)]
     for result in results:
         parts += ["", result.to_markdown()]
     ranked = sorted((r for r in rows if r["int8 tvm / ort int8"] is not None),
                     key=lambda r: -max(r["int8 tvm / ort int8"] / GOALS["int8 tvm / ort int8"],
                                        (r["int8 tvm / fp32 tvm"] or 0) / GOALS["int8 tvm / fp32 tvm"]))
     if args.profiles and ranked:
-        profile = _kernel_profile()
+        profile = _script("kernel_profile").profile_kernels
         parts += ["", "## Kernel profiles of the int8 cells furthest from their goals"]
         for r in ranked[:args.profiles]:
             bundle = r["int8_bundle"]

@@ -156,3 +156,42 @@ def test_inductor_engines_for_real(tiny_bundle, rope_script):
     runs, rows = rope_script.check_engines(rope_script.Shape(1, 2, 16, 8), threads=1,
                                            engines={"torch.compile": rope_script.ENGINES["torch.compile"]})
     assert "torch.compile" in runs and np.isfinite(rows["torch.compile"].max_abs_err)
+
+
+def _script(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_fp32_floor_counts_every_matmul_multiply_add():
+    """PyTorch's count of the tiny encoder's matmul work equals the count from its shape:
+    per layer the Q, K, V and output projections (4 d^2), the FFN (2 d d_ff) per token,
+    and Q·Kᵀ and P·V (2 T^2 d per sequence); 2 FLOPs per multiply-add."""
+    floor = _script("fp32_floor")
+    d, d_ff, layers = 64, 128, 2
+    for batch, seq in ((1, 8), (3, 20)):
+        tokens = batch * seq
+        expected = 2 * layers * (tokens * (4 * d * d + 2 * d * d_ff) + batch * 2 * seq * seq * d)
+        assert floor.matmul_gflop(str(TINY_SPEC), batch, seq) * 1e9 == pytest.approx(expected, rel=1e-12)
+
+
+def test_fp32_floor_peak_kernel_does_its_multiply_adds():
+    """The peak kernel's chains must really run (not be folded away), or the peak, and the
+    floor with it, would be wrong: its outputs equal the recurrence a = a * 0.999999 + 1e-7
+    run `steps` times from each chain's start value."""
+    import tvm
+    floor = _script("fp32_floor")
+    threads, steps = 2, 300
+    kernel = floor._fma_kernel(threads)
+    out = tvm.runtime.tensor(np.zeros(threads * floor._CHAINS * floor._LANES, np.float32))
+    kernel(out, steps)
+    got = out.numpy().reshape(threads, floor._CHAINS, floor._LANES)
+    for t in range(threads):
+        for c in range(floor._CHAINS):
+            a = float(np.float32(t + c) * np.float32(1e-3))
+            for _ in range(steps):
+                a = a * 0.999999 + 1e-7
+            # float32 rounding over 300 steps drifts ~1e-5; one step fewer or more is 3e-3 off
+            np.testing.assert_allclose(got[t, c], a, rtol=1e-4)
