@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import json
-import platform
 import tempfile
 import time
 from dataclasses import dataclass, field, replace
@@ -29,11 +28,12 @@ from .intermediates import Intermediates
 from .interrupts import raise_if_interrupted
 from .out_paths import bundle_destination
 from .spec_schema import NAME
+from .frontend import fix_input_shapes
 from .user_files import load_onnx_file
 from .io_names import describe_io, dim_roles
 from .npu.vendor import VendorError
 from .parity import DEFAULT_LENGTHS, TOLERANCES, make_inputs, tolerance_for, onnxruntime_runner, torch_reference, usable_lengths
-from .targets import TargetSpec, load_target
+from .targets import TargetSpec, load_target, target_arch, target_json
 
 
 #: shipped in every bundle as run_on_board.py: the bundle checks itself on a board
@@ -283,7 +283,7 @@ def stage_bundle(st: CompileState, dest: Path, *, replace_any: bool = False) -> 
                       "spec": st.spec.to_dict() if st.spec else None},
             "encoding": st.spec.encoding if st.spec else get_metadata(st.model).get("encoding", "unknown"),
             "target": {"name": st.target.name, "device": st.target.device, "options": st.target_options,
-                       "tvm": target_json(st.tvm_target), "host_arch": _target_arch(st.tvm_target)},
+                       "tvm": target_json(st.tvm_target), "host_arch": target_arch(st.tvm_target)},
             **st.io,
             "reference": {"source": "torch" if st.spec else "onnxruntime",
                           **({"model": "reference.onnx"} if st.reference_model is not None else {}),
@@ -393,39 +393,3 @@ def _run_stages(st: CompileState, stages) -> None:
         st.timings[name] = time.perf_counter() - t
     st.timings["total"] = time.perf_counter() - start
 
-
-def target_json(target) -> dict:
-    """A TVM target as plain JSON, its host target included (json's default=list would
-    write a nested target as the list of its keys)."""
-    import tvm
-
-    def plain(value):
-        if isinstance(value, tvm.target.Target):
-            return plain(value.export())
-        if hasattr(value, "items"):
-            return {str(k): plain(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)) or type(value).__name__ == "Array":
-            return [plain(v) for v in value]
-        return value if isinstance(value, (bool, int, float)) or value is None else str(value)
-    return plain(target)
-
-
-def _target_arch(target) -> str:
-    triple = str(target.attrs.get("mtriple", "")) if "mtriple" in target.attrs else ""
-    return triple.split("-")[0] if triple else platform.machine()
-
-
-def fix_input_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> None:
-    """--shape name=1x128: pin an input's dims (the rest of the graph is re-inferred later)."""
-    inputs = {vi.name: vi for vi in model.graph.input}
-    for name, dims in shapes.items():
-        if name not in inputs:
-            raise ValueError(f"--shape names input {name!r}, which the graph does not have; expected one of "
-                             f"its inputs: {', '.join(sorted(inputs))}")
-        shape = inputs[name].type.tensor_type.shape
-        if len(shape.dim) != len(dims):
-            raise ValueError(f"--shape {name}={'x'.join(map(str, dims))} gives {len(dims)} sizes; expected "
-                             f"{len(shape.dim)} (input {name!r} has rank {len(shape.dim)})")
-        for dim, size in zip(shape.dim, dims):
-            dim.Clear()
-            dim.dim_value = size

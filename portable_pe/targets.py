@@ -7,6 +7,7 @@ overrides. Nothing else in the package branches on a target's name or kind.
 
 from __future__ import annotations
 
+import platform
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,3 +50,26 @@ def load_target(name: str) -> TargetSpec:
     if unknown or missing:
         raise ValueError(f"{path}: unknown keys {sorted(unknown)}, missing keys {sorted(missing)}")
     return TargetSpec(description=data.get("description", ""), **{k: v for k, v in data.items() if k != "description"})
+
+
+def target_json(target) -> dict:
+    """A TVM target as plain JSON, its host target included (json's default=list would
+    write a nested target as the list of its keys)."""
+    import tvm
+
+    def plain(value):
+        if isinstance(value, tvm.target.Target):
+            return plain(value.export())
+        if hasattr(value, "items"):
+            return {str(k): plain(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)) or type(value).__name__ == "Array":
+            return [plain(v) for v in value]
+        return value if isinstance(value, (bool, int, float)) or value is None else str(value)
+    return plain(target)
+
+
+def target_arch(target) -> str:
+    """The CPU architecture a TVM target builds for: its triple's first part, else this machine's."""
+    triple = str(target.attrs.get("mtriple", "")) if "mtriple" in target.attrs else ""
+    return triple.split("-")[0] if triple else platform.machine()
+
