@@ -50,6 +50,7 @@ def goal_rows(result, fp32_floor_ms=None) -> list[dict]:
     rows = []
     for b in result.settings["batches"]:
         for t in result.settings["lengths"]:
+            floor = fp32_floor_ms(b, t) if fp32_floor_ms else None
             peers = [v for v in (ms("onnxruntime", b, t), ms("openvino", b, t)) if v]
             # OpenVINO's default computes in bf16 on bf16 CPUs; its f32 run is the equal-precision peer
             f32_peers = [v for v in (ms("onnxruntime", b, t), ms("openvino-f32", b, t)) if v]
@@ -59,9 +60,8 @@ def goal_rows(result, fp32_floor_ms=None) -> list[dict]:
                          "int8 tvm / fp32 tvm": ratio(ms("tvm-int8", b, t), ms("tvm", b, t)),
                          "fp32 tvm / best peer": ratio(ms("tvm", b, t), min(peers) if peers else None),
                          "fp32 tvm / best f32 peer": ratio(ms("tvm", b, t), min(f32_peers) if f32_peers else None),
-                         "fp32 floor / best peer": ratio(fp32_floor_ms and fp32_floor_ms(b, t), min(peers) if peers else None),
-                         "fp32 floor / best f32 peer": ratio(fp32_floor_ms and fp32_floor_ms(b, t),
-                                                             min(f32_peers) if f32_peers else None),
+                         "fp32 floor / best peer": ratio(floor, min(peers) if peers else None),
+                         "fp32 floor / best f32 peer": ratio(floor, min(f32_peers) if f32_peers else None),
                          "int8 cosine": tvm8.cosine if tvm8 else None,
                          "ort int8 cosine": ort8.cosine if ort8 else None})
     return rows
