@@ -190,6 +190,7 @@ def _print_shape_following(model) -> None:
 
 def cmd_inspect(args) -> int:
     from .artifact import load_bundle
+    from .io_names import bound_key
     if Path(args.bundle).suffix == ".onnx":
         return inspect_onnx(Path(args.bundle))
     bundle = load_bundle(args.bundle)
@@ -203,8 +204,7 @@ def cmd_inspect(args) -> int:
     for dim, info in m.get("dims", {}).items():
         print(f"  dim {dim} ({info['role']}): {info['min']}..{info['max']} {info.get('why', '')}")
     for limit in m.get("dim_sums", []):
-        terms = " + ".join(d if c == 1 else f"{c}*{d}" for d, c in limit["dims"].items())
-        print(f"  dims {terms} <= {limit['max']} {limit.get('why', '')}")
+        print(f"  dims {bound_key(limit['dims'])} <= {limit['max']} {limit.get('why', '')}")
     print(f"  simplify: {m['simplify'].get('nodes_before')} -> {m['simplify'].get('nodes_after')} nodes")
     print(f"  reference: {m['reference']['source']} at T={m['reference']['lengths']}")
     print(f"  versions: {m['versions']}")

@@ -110,6 +110,11 @@ def bound_terms(key: str) -> dict[str, int]:
     return terms
 
 
+def bound_key(terms: dict[str, int]) -> str:
+    """A bound's left side in words, the inverse of bound_terms: {"T": 1, "past": 1} -> "T + past"."""
+    return " + ".join(d if c == 1 else f"{c}*{d}" for d, c in terms.items())
+
+
 def apply_dim_bounds(io: dict, bounds: dict[str, int]) -> list[str]:
     """Narrow ``io["dims"]`` to the bounds the graph imposes ({"T": 1024} or {"T + past": 1024});
     a bound on a sum of dims also goes to ``io["dim_sums"]``, which the runtime checks.
@@ -138,6 +143,6 @@ def dim_sum_error(manifest: dict, sizes: dict[str, int]) -> str | None:
             continue
         total = sum(c * sizes[d] for d, c in limit["dims"].items())
         if total > limit["max"]:
-            expr = " + ".join(d if c == 1 else f"{c}*{d}" for d, c in limit["dims"].items())
-            return f"{expr} is {total}; this bundle accepts at most {limit['max']} {limit.get('why', '')}".strip()
+            return (f"{bound_key(limit['dims'])} is {total}; this bundle accepts at most {limit['max']} "
+                    f"{limit.get('why', '')}").strip()
     return None
