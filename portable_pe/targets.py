@@ -72,4 +72,3 @@ def target_arch(target) -> str:
     """The CPU architecture a TVM target builds for: its triple's first part, else this machine's."""
     triple = str(target.attrs.get("mtriple", "")) if "mtriple" in target.attrs else ""
     return triple.split("-")[0] if triple else platform.machine()
-
