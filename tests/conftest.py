@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
 
 DATA = Path(__file__).parent / "data"
 TINY_SPEC = DATA / "tiny_rope.toml"
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+
+@functools.lru_cache(maxsize=None)
+def load_script(name: str):
+    """scripts/NAME.py as a module, loaded once (scripts/ is not a package). It is in
+    sys.modules under NAME, as an import would put it: dataclasses look their module up."""
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="session", autouse=True)

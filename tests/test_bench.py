@@ -4,21 +4,17 @@ No timing assertions: these machines are shared and timings mean nothing here.""
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import TINY_SPEC
+from conftest import TINY_SPEC, load_script
 from portable_pe import bench
 from portable_pe.bench import ENGINES, NO_TUNING, Settings, bench_graph, time_in_blocks
 from portable_pe.bench_engines import INT8_ENGINES
 
 TINY = Settings(lengths=(8,), batches=(1,), threads=1, repeat=2, min_time_s=0.0, warmup=1)
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -31,14 +27,7 @@ def eager_compile(monkeypatch):
 
 @pytest.fixture(scope="module")
 def rope_script():
-    spec = importlib.util.spec_from_file_location("bench_rope", ROOT / "scripts" / "bench_rope.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the script loads
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        del sys.modules[spec.name]
+    return load_script("bench_rope")
 
 
 def _assert_well_formed(result, *, tuned: bool):
@@ -158,18 +147,11 @@ def test_inductor_engines_for_real(tiny_bundle, rope_script):
     assert "torch.compile" in runs and np.isfinite(rows["torch.compile"].max_abs_err)
 
 
-def _script(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_fp32_floor_counts_every_matmul_multiply_add():
     """PyTorch's count of the tiny encoder's matmul work equals the count from its shape:
     per layer the Q, K, V and output projections (4 d^2), the FFN (2 d d_ff) per token,
     and Q·Kᵀ and P·V (2 T^2 d per sequence); 2 FLOPs per multiply-add."""
-    floor = _script("fp32_floor")
+    floor = load_script("fp32_floor")
     d, d_ff, layers = 64, 128, 2
     for batch, seq in ((1, 8), (3, 20)):
         tokens = batch * seq
@@ -182,7 +164,7 @@ def test_fp32_floor_peak_kernel_does_its_multiply_adds():
     floor with it, would be wrong: its outputs equal the recurrence a = a * 0.999999 + 1e-7
     run `steps` times from each chain's start value."""
     import tvm
-    floor = _script("fp32_floor")
+    floor = load_script("fp32_floor")
     threads, steps = 2, 300
     kernel = floor._fma_kernel(threads)
     out = tvm.runtime.tensor(np.zeros(threads * floor._CHAINS * floor._LANES, np.float32))

@@ -6,7 +6,6 @@ scripts/board_setup.sh, started here on a free port, directly and through a trac
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import socket
@@ -25,12 +24,9 @@ from portable_pe.deploy import DeployError, deploy, parse_address
 from portable_pe.graphs import GRAPHS
 from portable_pe.parity import compare
 
-from conftest import TINY_SPEC
+from conftest import TINY_SPEC, load_script
 
-ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("board_server", ROOT / "scripts" / "board_server.py")
-board_server = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(board_server)
+board_server = load_script("board_server")
 
 needs_cross = pytest.mark.skipif(shutil.which("aarch64-linux-gnu-g++") is None,
                                  reason="aarch64-linux-gnu-g++ missing (apt-get install g++-aarch64-linux-gnu)")

@@ -154,14 +154,8 @@ def test_inspect_says_every_dim_is_followed(hf_bundle, capsys):
 
 # ----------------------------------------------------------------- the emulated board
 def _board_ready():
-    import importlib.util
-    from pathlib import Path
-    spec = importlib.util.spec_from_file_location(
-        "board_server", Path(__file__).resolve().parent.parent / "scripts" / "board_server.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
+    from conftest import load_script
+    return load_script("board_server")
 
 @hf_full
 @pytest.mark.board

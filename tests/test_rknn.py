@@ -275,13 +275,8 @@ def test_required_vendor_build_without_toolchain_fails_and_keeps_the_old_bundle(
 # --- the full matrix (-m rknn_full) -------------------------------------------------------
 
 def _table():
-    import importlib.util
-    path = Path(__file__).resolve().parent.parent / "scripts" / "npu_rknn_table.py"
-    spec = importlib.util.spec_from_file_location("npu_rknn_table", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
+    from conftest import load_script
+    return load_script("npu_rknn_table")
 
 def _check_cell(row, *, zero_cpu=True):
     assert "cosine" in row, row
@@ -310,9 +305,8 @@ def test_every_shipped_graph_through_rknn(graph, seq_len, dtype):
 @pytest.mark.parametrize("dtype", ["int8", "fp16"])
 @pytest.mark.parametrize("name", ["hf_bert", "hf_roformer"])
 def test_hugging_face_encoders_through_rknn(tmp_path_factory, name, dtype):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-    from hf_encoders import export_encoders
-    path, shapes = export_encoders(tmp_path_factory.mktemp("hf"), size="small", seq_len=128)[name]
+    from conftest import load_script
+    path, shapes = load_script("hf_encoders").export_encoders(tmp_path_factory.mktemp("hf"), size="small", seq_len=128)[name]
     _check_cell(_table().cell(str(path), seq_len=128, dtype=dtype, soc="rk3588", shapes=shapes))
 
 
