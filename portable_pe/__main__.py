@@ -4,7 +4,7 @@ installs its handlers) exits 130 with one line too, not with a traceback."""
 import sys
 
 try:
-    from .cli import entry
+    from .cli.main import entry
 except KeyboardInterrupt:
     print("portable-pe: interrupted", file=sys.stderr)
     raise SystemExit(130) from None

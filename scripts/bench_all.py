@@ -104,9 +104,9 @@ FLOOR_NOTE = ("\"float32 floor\" is the cell's matmul FLOPs (PyTorch's FlopCount
 
 
 def main() -> int:
-    from portable_pe.bench import Settings, bench_graph
-    from portable_pe.bench_engines import ENGINES, POOLS
-    from portable_pe.graphs import GRAPHS
+    from portable_pe.bench.graph import Settings, bench_graph
+    from portable_pe.bench.engines import ENGINES, POOLS
+    from portable_pe.spec.graphs import GRAPHS
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--graphs", default=",".join(GRAPHS), help="comma-separated (default: every shipped graph)")
     parser.add_argument("--lengths", default="128,512")

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from portable_pe.bench import interleave, summarize
+from portable_pe.bench.graph import interleave, summarize
 from portable_pe.threads import set_threads  # noqa: E402
 
 COPIES = ("copy numpy", "copy tvm")
@@ -172,7 +172,7 @@ def onnxruntime_rope(shape, threads):
     (B, T, Dh/2) when no position_ids are given (B=1 here: the same bytes as (T, Dh/2))."""
     import onnx
     from onnx import TensorProto, helper
-    from portable_pe.simplify import ort_session
+    from portable_pe.compile.simplify import ort_session
     cache = [shape.batch, shape.length, shape.half]
     graph = helper.make_graph(
         [helper.make_node("RotaryEmbedding", ["x", "cos", "sin"], ["y"], interleaved=0)], "rope",

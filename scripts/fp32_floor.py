@@ -56,7 +56,7 @@ def _fma_kernel(threads: int):
                 out[T.ramp((t * chains + c) * lanes, 1, lanes)] = acc[T.ramp(c * lanes, 1, lanes)]
 
     from portable_pe.backends.llvm import tvm_target
-    from portable_pe.targets import load_target
+    from portable_pe.backends.targets import load_target
     return tvm.compile(fma_peak, target=tvm_target(load_target("llvm")))["fma_peak"]
 
 
@@ -86,8 +86,8 @@ def matmul_gflop(graph: str, batch: int, seq: int) -> float:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from portable_pe.export import example_inputs
-    from portable_pe.graphs import load_graph
+    from portable_pe.compile.export import example_inputs
+    from portable_pe.spec.graphs import load_graph
     spec = load_graph(graph)
     model = spec.build().eval()
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
@@ -96,7 +96,7 @@ def matmul_gflop(graph: str, batch: int, seq: int) -> float:
 
 
 def main() -> int:
-    from portable_pe.graphs import GRAPHS
+    from portable_pe.spec.graphs import GRAPHS
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--graphs", default=",".join(GRAPHS))
     parser.add_argument("--lengths", default="128,512")

@@ -10,9 +10,9 @@ import argparse
 import json
 from pathlib import Path
 
-from portable_pe.compile import compile_graph
-from portable_pe.graphs import GRAPHS
-from portable_pe.parity import DEFAULT_LENGTHS, check_bundle
+from portable_pe.compile.pipeline import compile_graph
+from portable_pe.spec.graphs import GRAPHS
+from portable_pe.run.parity import DEFAULT_LENGTHS, check_bundle
 
 
 def main() -> int:

@@ -86,9 +86,9 @@ def raw_tvm(path: Path, model) -> str:
 
 
 def ours(path: Path, model, out: Path) -> tuple[str, float | None]:
-    from portable_pe.compile import compile_graph
+    from portable_pe.compile.pipeline import compile_graph
     from portable_pe.hf.check import lengths_error
-    from portable_pe.runtime import LocalRunner
+    from portable_pe.run.local import LocalRunner
     try:
         bundle = compile_graph(str(path), target="llvm", out=out, log=lambda m: None)
     except Exception as err:  # pylint: disable=broad-except
@@ -118,11 +118,11 @@ def table_row(arch: str, key: str, work: Path) -> dict:
 
 
 def kv_row(arch: str, key: str, work: Path) -> dict:
-    from portable_pe.compile import compile_graph
+    from portable_pe.compile.pipeline import compile_graph
     from portable_pe.hf.check import generation_error
     from portable_pe.hf.export import export_hf
     from portable_pe.hf.zoo import build
-    from portable_pe.kv_cache import KVCacheSession
+    from portable_pe.run.kv_cache import KVCacheSession
     exporter, opset = EXPORTS[key]
     model = build(arch)
     row = {"arch": arch, "export": key}
@@ -147,10 +147,10 @@ def bench_row(work: Path, *, blocks: int, runs: int) -> dict:
     import onnxruntime as ort
     import torch
     import transformers
-    from portable_pe.compile import compile_graph
+    from portable_pe.compile.pipeline import compile_graph
     from portable_pe.hf.check import token_ids, torch_hidden
     from portable_pe.hf.export import export_hf
-    from portable_pe.runtime import LocalRunner
+    from portable_pe.run.local import LocalRunner
     from portable_pe.threads import physical_cores
     config = transformers.LlamaConfig(vocab_size=1000, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
                                       num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=1024)

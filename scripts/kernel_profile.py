@@ -27,11 +27,11 @@ def profile_kernels(bundle_path, *, batch: int = 1, seq: int = 128, runs: int = 
     from portable_pe.threads import set_threads
     set_threads(threads)
     import tvm
-    from portable_pe.artifact import load_bundle
-    from portable_pe.parity import dim_roles, make_inputs
-    from portable_pe.runtime import LocalRunner, entry_for
-    from portable_pe.simplify import ort_session
-    from portable_pe.tune_judge import timed_kernel_calls
+    from portable_pe.bundle.artifact import load_bundle
+    from portable_pe.run.parity import dim_roles, make_inputs
+    from portable_pe.run.local import LocalRunner, entry_for
+    from portable_pe.compile.simplify import ort_session
+    from portable_pe.tune.judge import timed_kernel_calls
 
     bundle = load_bundle(bundle_path)
     runner = LocalRunner(bundle)

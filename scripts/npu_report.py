@@ -11,8 +11,8 @@ import argparse
 import json
 from pathlib import Path
 
-from portable_pe.compile import compile_graph
-from portable_pe.graphs import GRAPHS
+from portable_pe.compile.pipeline import compile_graph
+from portable_pe.spec.graphs import GRAPHS
 from portable_pe.npu.profiles import PROFILES_DIR
 
 

@@ -30,7 +30,7 @@ GOAL_COSINE = {"fp16": 0.999, "int8": 0.99}
 def cell(source: str, *, seq_len: int, dtype: str, soc: str, shapes: dict | None = None,
          vendor_input: str = "float") -> dict:
     """One vendor build through the pipeline's stages; the row's numbers and the CPU ops."""
-    from portable_pe.compile import prepare, stage_reference, stage_vendor
+    from portable_pe.compile.pipeline import prepare, stage_reference, stage_vendor
     options = {"profile": "rknpu2", "seq_len": seq_len, "npu_dtype": dtype, "soc": soc, "vendor_build": "require"}
     t = time.perf_counter()
     st = prepare(source, target="npu", target_options=options, shapes=shapes, log=lambda m: None)
@@ -98,7 +98,7 @@ def markdown(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    from portable_pe.graphs import GRAPHS
+    from portable_pe.spec.graphs import GRAPHS
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--graphs", default=",".join(GRAPHS))
     p.add_argument("--lengths", default="64,128,512")

@@ -30,7 +30,7 @@ def _export_cache(tmp_path_factory):
     """One export cache for the session, not the user's: tests neither read stale
     entries nor leave any behind."""
     import os
-    from portable_pe.export import CACHE_ENV
+    from portable_pe.compile.export import CACHE_ENV
     before = os.environ.get(CACHE_ENV)
     os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("export-cache"))
     yield
@@ -43,7 +43,7 @@ def _export_cache(tmp_path_factory):
 @pytest.fixture(scope="session")
 def bundle_factory(tmp_path_factory):
     """compile(graph, target) -> Bundle, cached per (graph, target) for the session."""
-    from portable_pe.compile import compile_graph
+    from portable_pe.compile.pipeline import compile_graph
     cache = {}
 
     def build(graph: str, target: str = "llvm", *, tuning: bool = True, precision: str | None = None, **options):

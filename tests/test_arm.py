@@ -9,11 +9,11 @@ import struct
 
 import pytest
 
-from portable_pe.artifact import BundleError
-from portable_pe.compile import compile_graph
-from portable_pe.graphs import GRAPHS
-from portable_pe.runtime import run_local
-from portable_pe.targets import load_target
+from portable_pe.bundle.artifact import BundleError
+from portable_pe.compile.pipeline import compile_graph
+from portable_pe.spec.graphs import GRAPHS
+from portable_pe.run.local import run_local
+from portable_pe.backends.targets import load_target
 
 from conftest import TINY_SPEC
 

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from portable_pe.artifact import FORMAT_VERSION, BundleError, load_bundle, write_bundle
+from portable_pe.bundle.artifact import FORMAT_VERSION, BundleError, load_bundle, write_bundle
 
 
 @pytest.fixture
@@ -72,7 +72,7 @@ def test_failed_write_keeps_the_previous_bundle(tiny_bundle, tmp_path, monkeypat
     manifest = {k: v for k, v in tiny_bundle.manifest.items() if k not in ("files", "format_version")}
     dest = tmp_path / "b"
     write_bundle(dest, files, manifest)
-    import portable_pe.artifact as artifact
+    import portable_pe.bundle.artifact as artifact
     real = artifact.sha256_file
 
     def failing(path):
@@ -87,7 +87,7 @@ def test_failed_write_keeps_the_previous_bundle(tiny_bundle, tmp_path, monkeypat
 
 
 def test_failed_compile_leaves_no_bundle(tmp_path):
-    from portable_pe.compile import compile_graph
+    from portable_pe.compile.pipeline import compile_graph
     spec = tmp_path / "broken.toml"
     spec.write_text('name = "broken"\n[model]\nd_model = 64\nn_heads = 4\nn_layers = 1\nd_ff = 64\n'
                     '[encoding]\nname = "rope"\nrotary_dim = 65\n')

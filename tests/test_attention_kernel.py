@@ -107,8 +107,8 @@ def test_softmax_over_another_axis_is_left_alone():
 
 
 def test_the_shipped_encoder_runs_one_attention_kernel_per_layer():
-    from portable_pe.compile import prepare
-    from portable_pe.tuning_db import fused_prim_funcs
+    from portable_pe.compile.pipeline import prepare
+    from portable_pe.tune.database import fused_prim_funcs
     state = prepare("t5_bias", target="llvm")  # a bias shared by the layers
     names = list(fused_prim_funcs(state.relax, state.tvm_target))
     assert "fused_attention" in names

@@ -22,7 +22,7 @@ import pytest
 
 from conftest import TINY_SPEC
 from portable_pe import interrupts
-from portable_pe.cli import main
+from portable_pe.cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -171,12 +171,12 @@ def test_the_spec_schema_knows_every_encoding_option():
     """spec_schema's option table and defaults are the encodings' constructor parameters and
     the dataclasses' defaults, and the notes
     `list` prints cover the registry (both kept apart from torch for a fast CLI)."""
-    from portable_pe.encoding_notes import ENCODING_NOTES
-    from portable_pe.encodings import _DIMENSION_ARGS, ENCODINGS
+    from portable_pe.spec.encoding_notes import ENCODING_NOTES
+    from portable_pe.spec.encodings import _DIMENSION_ARGS, ENCODINGS
     from dataclasses import fields
-    from portable_pe.graphs import GraphSpec
-    from portable_pe.model import EncoderConfig
-    from portable_pe.spec_schema import DEFAULTS, ENCODING_OPTIONS
+    from portable_pe.spec.graphs import GraphSpec
+    from portable_pe.spec.model import EncoderConfig
+    from portable_pe.spec.schema import DEFAULTS, ENCODING_OPTIONS
     assert list(ENCODING_NOTES) == list(ENCODINGS) == list(ENCODING_OPTIONS)
     for name, cls in ENCODINGS.items():
         params = [n for n, p in inspect.signature(cls.__init__).parameters.items()
@@ -239,7 +239,7 @@ def test_a_manifest_off_the_schema_is_refused_before_anything_runs(ws, capsys, c
 def test_compile_for_a_board_says_unverified_not_pass(ws, capsys, monkeypatch, bundle_factory):
     """An arm bundle built here: onnxruntime runs, the compiled model.so does not."""
     arm = bundle_factory(TINY_SPEC, "arm")
-    import portable_pe.compile as compile_module
+    import portable_pe.compile.pipeline as compile_module
     monkeypatch.setattr(compile_module, "compile_graph", lambda *a, **k: arm)
     code, out, err = cli(capsys, *COMPILE, "--target", "arm", "--out", "a", "--json", "r.json")
     assert code == 0, err
@@ -303,7 +303,7 @@ def test_a_second_writer_of_a_bundle_fails_at_once_and_sigterm_cleans_up(ws, cap
 
 
 def test_a_killed_writers_leftovers_are_recovered_by_the_next_write(tmp_path, tiny_bundle):
-    from portable_pe.artifact import load_bundle, write_bundle
+    from portable_pe.bundle.artifact import load_bundle, write_bundle
     shutil.copytree(tiny_bundle.path, tmp_path / ".b.old-999999")  # killed between its two renames
     (tmp_path / ".b.partial-999999").mkdir()
     files = {name: tiny_bundle.file(name) for name in tiny_bundle.manifest["files"]}
@@ -365,7 +365,7 @@ def test_list_and_help_import_no_torch_and_help_is_whole():
 
 
 def test_a_bug_is_one_line_and_debug_shows_the_traceback(capsys, monkeypatch):
-    import portable_pe.cli as cli_module
+    import portable_pe.cli.main as cli_module
     monkeypatch.setattr(interrupts, "install", lambda: None)
 
     def broken(args):
@@ -380,7 +380,7 @@ def test_a_bug_is_one_line_and_debug_shows_the_traceback(capsys, monkeypatch):
 
 def test_a_bundles_vendor_subfolder_is_replaceable_but_a_users_file_in_it_is_not(tmp_path):
     import json as _json
-    from portable_pe.out_paths import is_bundle_folder
+    from portable_pe.bundle.paths import is_bundle_folder
     bundle = tmp_path / "b"
     (bundle / "rknn").mkdir(parents=True)
     (bundle / "rknn" / "model.rknn").write_bytes(b"x")
@@ -395,7 +395,7 @@ def test_a_signal_that_lands_inside_an_import_exits_as_the_signal(monkeypatch, c
     the CLI reports the signal (143), not an internal error (3)."""
     import signal as _signal
     from portable_pe import interrupts
-    from portable_pe.cli_errors import run_command
+    from portable_pe.cli.errors import run_command
     monkeypatch.setattr(interrupts, "_received", [_signal.SIGTERM])
 
     def importing(_args):

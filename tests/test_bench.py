@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from conftest import TINY_SPEC, load_script
-from portable_pe import bench
-from portable_pe.bench import ENGINES, NO_TUNING, Settings, bench_graph, time_in_blocks
-from portable_pe.bench_engines import INT8_ENGINES
+from portable_pe.bench import graph as bench
+from portable_pe.bench.graph import ENGINES, NO_TUNING, Settings, bench_graph, time_in_blocks
+from portable_pe.bench.engines import INT8_ENGINES
 
 TINY = Settings(lengths=(8,), batches=(1,), threads=1, repeat=2, min_time_s=0.0, warmup=1)
 
@@ -90,7 +90,7 @@ def test_engines_are_timed_in_alternating_blocks():
 @pytest.mark.parametrize("pool,spin", [("default", True), ("passive", False)])
 def test_onnxruntime_pool_mode(tiny_bundle, monkeypatch, pool, spin):
     """The default mode runs onnxruntime as its users do (spinning pool); passive turns spinning off."""
-    from portable_pe import bench_engines, simplify
+    from portable_pe.bench import engines as bench_engines; from portable_pe.compile import simplify
     seen = {}
     real = simplify.ort_session
     monkeypatch.setattr(simplify, "ort_session", lambda model, **kw: seen.update(kw) or real(model, **kw))
@@ -110,9 +110,9 @@ def test_bench_engine_subset(tiny_bundle):
 
 
 def test_bench_cli_defaults():
-    from portable_pe.cli import build_parser
-    from portable_pe import bench_engines
-    from portable_pe.cli import BENCH_ENGINES, BENCH_POOLS
+    from portable_pe.cli.main import build_parser
+    from portable_pe.bench import engines as bench_engines
+    from portable_pe.cli.main import BENCH_ENGINES, BENCH_POOLS
     args = build_parser().parse_args(["bench", "rope"])
     assert (args.lengths, args.batch, args.threads, args.tuned, args.pool) == ([128, 512], [1, 8], 2, None, "default")
     assert BENCH_ENGINES == tuple(bench_engines.ENGINES) and BENCH_POOLS == bench_engines.POOLS

@@ -52,7 +52,7 @@ def test_parity_inspect_run(compiled, tmp_path):
     with np.load(tmp_path / "out.npz") as result:
         hidden = result["hidden"]
     import torch
-    from portable_pe.graphs import load_graph
+    from portable_pe.spec.graphs import load_graph
     with torch.no_grad():
         expected = load_graph(TINY_SPEC).build()(torch.from_numpy(x), torch.arange(11)).numpy()
     np.testing.assert_allclose(hidden, expected, atol=1e-4)
@@ -80,7 +80,7 @@ def test_list_and_help():
     proc = cli("list", check_rc=0)
     assert "rope (default)" in proc.stdout and "t5_bias" in proc.stdout and "llvm" in proc.stdout
     proc = cli("compile", "--help", check_rc=0)
-    assert "{" + ",".join(sorted(__import__("portable_pe.targets").targets.TARGETS)) + "}" in proc.stdout
+    assert "{" + ",".join(sorted(__import__("portable_pe.backends.targets").backends.targets.TARGETS)) + "}" in proc.stdout
 
 
 def test_a_reader_that_goes_away_ends_the_command_quietly():
@@ -142,8 +142,8 @@ def test_unparsable_onnx_and_unsupported_op(tmp_path):
 
 def test_planned_target_says_so(tmp_path, monkeypatch):
     """A registered target that is not built yet refuses with its reason, before any work."""
-    from portable_pe import targets
-    from portable_pe.compile import compile_graph
+    from portable_pe.backends import targets
+    from portable_pe.compile.pipeline import compile_graph
     spec = tmp_path / "tpu.toml"
     spec.write_text('name = "tpu"\nbackend = "llvm"\ndevice = "cpu"\nplanned = "arrives with issue #99"\n[tvm]\nkind = "llvm"\n')
     monkeypatch.setitem(targets.TARGETS, "tpu", spec)

@@ -8,9 +8,9 @@ import shutil
 
 import pytest
 
-from portable_pe.compile import compile_graph
-from portable_pe.graphs import GRAPHS
-from portable_pe.targets import load_target
+from portable_pe.compile.pipeline import compile_graph
+from portable_pe.spec.graphs import GRAPHS
+from portable_pe.backends.targets import load_target
 
 from conftest import TINY_SPEC
 
@@ -65,8 +65,8 @@ def test_cuda_builds_without_a_gpu_and_records_its_kernels(tiny_cuda):
 def test_cuda_bundle_without_a_gpu_says_so(tiny_cuda):
     if has_gpu():
         pytest.skip("a GPU is present: the bundle runs here")
-    from portable_pe.artifact import BundleError
-    from portable_pe.runtime import run_local
+    from portable_pe.bundle.artifact import BundleError
+    from portable_pe.run.local import run_local
     with pytest.raises(BundleError, match="needs a cuda device, none is present here"):
         run_local(tiny_cuda[0], {})
 
@@ -108,7 +108,7 @@ def test_every_shipped_graph_builds_for_cuda_and_nvcc_compiles_it(graph, tmp_pat
 @pytest.mark.skipif(not has_gpu(), reason="no CUDA GPU on this machine")
 @pytest.mark.parametrize("graph", [TINY_SPEC, *(sorted(GRAPHS))])
 def test_cuda_parity_on_the_gpu(graph, tmp_path_factory):
-    from portable_pe.parity import check_bundle
+    from portable_pe.run.parity import check_bundle
     out = tmp_path_factory.mktemp("gpu") / "bundle"
     bundle = compile_graph(str(graph), target="cuda", out=out, log=lambda m: None)
     report = check_bundle(bundle)

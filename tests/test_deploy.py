@@ -17,12 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from portable_pe import board_runner
-from portable_pe.artifact import sha256_file
-from portable_pe.cli import main as cli
-from portable_pe.deploy import DeployError, deploy, parse_address
-from portable_pe.graphs import GRAPHS
-from portable_pe.parity import compare
+from portable_pe.bundle import run_on_board as board_runner
+from portable_pe.bundle.artifact import sha256_file
+from portable_pe.cli.main import main as cli
+from portable_pe.run.deploy import DeployError, deploy, parse_address
+from portable_pe.spec.graphs import GRAPHS
+from portable_pe.run.parity import compare
 
 from conftest import TINY_SPEC, load_script
 
@@ -139,7 +139,7 @@ def test_wrong_architecture_is_refused_before_upload(arm_bundle, x86_server):
 
 def test_load_failure_is_translated_when_the_arch_is_unknown(arm_bundle, x86_server, monkeypatch):
     # a server that will not reveal its architecture: the failed load names what was sent
-    monkeypatch.setattr("portable_pe.deploy.remote_arch", lambda session: None)
+    monkeypatch.setattr("portable_pe.run.deploy.remote_arch", lambda session: None)
     with pytest.raises(DeployError, match=r"could not load model.so, built for aarch64 \('arm' target\); is the board an aarch64 machine"):
         deploy(arm_bundle, rpc=x86_server, log=lambda m: None)
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from portable_pe.encodings import (ALiBi, ENCODINGS, LearnedAbsolute, RelativeBias, Rotary, Sinusoidal,
+from portable_pe.spec.encodings import (ALiBi, ENCODINGS, LearnedAbsolute, RelativeBias, Rotary, Sinusoidal,
                                    build_encoding, t5_relative_buckets)
 
 ROPE_LAYOUTS = [dict(interleaved=False), dict(interleaved=True),
@@ -196,7 +196,7 @@ def test_registry_is_complete():
 
 def test_no_position_encoder_is_permutation_equivariant_and_the_others_are_not():
     """The baseline carries no position: permuting the tokens only permutes the outputs."""
-    from portable_pe.graphs import load_graph
+    from portable_pe.spec.graphs import load_graph
     x, perm = torch.randn(1, 12, 256, generator=torch.Generator().manual_seed(0)), torch.randperm(12)
     for name, equivariant in (("none", True), ("sinusoidal", False), ("rope", False)):
         model = load_graph(name).build()

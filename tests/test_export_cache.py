@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from portable_pe import export
-from portable_pe.graphs import load_graph
+from portable_pe.compile import export
+from portable_pe.spec.graphs import load_graph
 
 from conftest import TINY_SPEC
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from portable_pe import export
-from portable_pe.graphs import load_graph
-from portable_pe.simplify import ort_session
+from portable_pe.compile import export
+from portable_pe.spec.graphs import load_graph
+from portable_pe.compile.simplify import ort_session
 
 from conftest import TINY_SPEC
 
@@ -48,7 +48,7 @@ def test_a_failing_torchscript_export_falls_back_to_dynamo(spec, monkeypatch, ca
     def broken(*_args):
         raise RuntimeError("the TorchScript exporter was removed")
     monkeypatch.setattr(export, "_export_torchscript", broken)
-    with caplog.at_level(logging.WARNING, logger="portable_pe.export"):
+    with caplog.at_level(logging.WARNING, logger="portable_pe.compile.export"):
         model = export.export_onnx(spec)
     assert "using the dynamo exporter" in caplog.text and "was removed" in caplog.text
     expected, got = _torch_and_onnx(spec, model, 2, 9, 3)
@@ -61,5 +61,5 @@ def test_an_unknown_exporter_is_refused(spec):
 
 
 def test_the_cli_offers_the_exporters_with_the_default_first():
-    from portable_pe.cli import EXPORTER_CHOICES
+    from portable_pe.cli.main import EXPORTER_CHOICES
     assert set(EXPORTER_CHOICES) == set(export.EXPORTERS) and EXPORTER_CHOICES[0] == export.DEFAULT_EXPORTER

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from portable_pe.compile import compile_graph
-from portable_pe.parity import check_bundle
+from portable_pe.compile.pipeline import compile_graph
+from portable_pe.run.parity import check_bundle
 from test_legalize import CASES, export
 
 LENGTHS = (3, 16, 77)  # 16 is the export length; 3 and 77 were never seen

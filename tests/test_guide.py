@@ -15,7 +15,7 @@ from portable_pe.guide import GUIDE_TARGETS, render_from, resolve_graphs, run_gu
 from portable_pe.guide.claims import CLAIMS, evaluate
 from portable_pe.guide.npu import NPU_VENDORS, REPORT_KEYS, NpuJob, NpuVendor, npu_report, run_vendor
 from portable_pe.guide.report import fmt_ms, fmt_pct, render
-from portable_pe.graphs import load_graph
+from portable_pe.spec.graphs import load_graph
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = Path(__file__).parent / "data" / "guide"

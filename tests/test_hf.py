@@ -19,13 +19,13 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from portable_pe.cli import main as cli  # noqa: E402
-from portable_pe.compile import compile_graph  # noqa: E402
+from portable_pe.cli.main import main as cli  # noqa: E402
+from portable_pe.compile.pipeline import compile_graph  # noqa: E402
 from portable_pe.hf.check import generation_error, lengths_error  # noqa: E402
 from portable_pe.hf.export import export_hf  # noqa: E402
 from portable_pe.hf.zoo import ARCHITECTURES, build  # noqa: E402
-from portable_pe.kv_cache import KVCacheSession  # noqa: E402
-from portable_pe.runtime import LocalRunner  # noqa: E402
+from portable_pe.run.kv_cache import KVCacheSession  # noqa: E402
+from portable_pe.run.local import LocalRunner  # noqa: E402
 
 TOL = 1e-4  # max abs error against PyTorch, fp32
 UNSEEN = (5, 37, 100)  # the export traces at T=16
@@ -134,7 +134,7 @@ def test_mpt_length_is_bounded_by_its_alibi_table(hf_bundle):
 def test_mpt_cache_is_bounded_by_its_alibi_table(hf_bundle):
     """With a KV cache MPT's table is sliced by max(0, L - past - T): the bound is on the
     sum, each dim's max follows from it, and the runtime refuses a longer total."""
-    from portable_pe.runtime import InputError
+    from portable_pe.run.local import InputError
     _, bundle = hf_bundle("mpt", "dynamo", 18, kv_cache=True)
     top = ARCHITECTURES["mpt"].options["max_seq_len"]
     assert bundle.manifest["dim_sums"] == [{"dims": {"T": 1, "past": 1}, "max": top,
@@ -168,7 +168,7 @@ def test_architecture_on_the_emulated_board(arch, exporter, opset, hf_bundle):
         pytest.skip("emulated board not set up: run `bash scripts/board_setup.sh`")
     if board_server.server_status() is not None:
         pytest.skip("a board RPC server is already running (python scripts/board_server.py stop)")
-    from portable_pe.deploy import RemoteRunner, connect
+    from portable_pe.run.deploy import RemoteRunner, connect
     model, bundle = hf_bundle(arch, exporter, opset, target="arm")
     host, port = board_server.start_server(port=0, timeout=120)
     try:

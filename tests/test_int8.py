@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from portable_pe.cpu_schedule import int8_isa as isa_module
 from portable_pe.cpu_schedule.int8_isa import ISAS, Int8Isa
-from portable_pe.parity import TOLERANCES, check_bundle
+from portable_pe.run.parity import TOLERANCES, check_bundle
 
 from conftest import TINY_SPEC
 
@@ -69,7 +69,7 @@ def _build(model, target):
     import tvm
     from portable_pe.backends.llvm import with_reassociation
     from portable_pe.cpu_schedule import cpu_pipeline
-    from portable_pe.frontend import import_onnx
+    from portable_pe.compile.frontend import import_onnx
     target = with_reassociation(tvm.target.Target(target))
     return tvm.compile(import_onnx(model), target=target, relax_pipeline=cpu_pipeline(target))
 
@@ -172,7 +172,7 @@ def test_int8_graph_quantizes_weight_matmuls_only(tiny_int8_bundle):
 
 
 def test_precision_is_checked_per_target(tmp_path):
-    from portable_pe.compile import compile_graph
+    from portable_pe.compile.pipeline import compile_graph
     with pytest.raises(ValueError, match=r"target 'cuda' builds precision fp32, not 'int8'"):
         compile_graph(str(TINY_SPEC), target="cuda", precision="int8", out=tmp_path / "b", log=lambda m: None)
     with pytest.raises(ValueError, match=r"target 'npu' builds precision int8, not 'fp32'"):
@@ -183,7 +183,7 @@ def test_precision_is_checked_per_target(tmp_path):
 
 
 def test_cli_precision_choices_and_exit_code(capsys):
-    from portable_pe.cli import main
+    from portable_pe.cli.main import main
     from portable_pe.quant import PRECISIONS
     assert main(["compile", str(TINY_SPEC), "--target", "cuda", "--precision", "int8"]) == 2
     assert "builds precision fp32, not 'int8'" in capsys.readouterr().err
@@ -200,9 +200,9 @@ def test_every_kernel_keeps_its_noalias_compute_function_beside_the_vms_shape_fu
     keeps its `_compute_` function, whatever the order."""
     import tvm
     from portable_pe.backends.llvm import with_reassociation
-    from portable_pe.compile import STAGES, CompileState, _run_stages
+    from portable_pe.compile.pipeline import STAGES, CompileState, _run_stages
     from portable_pe.cpu_schedule import cpu_pipeline
-    from portable_pe.targets import load_target
+    from portable_pe.backends.targets import load_target
     st = CompileState(source=str(Path(__file__).parent / "data" / "guide" / "tiny_sinusoidal.toml"),
                       target=load_target("llvm"), intermediates=None, shapes={}, target_options={},
                       log=lambda m: None, precision="int8", use_tuning=False)

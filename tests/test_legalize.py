@@ -672,7 +672,7 @@ def test_max_of_dims_reaches_tvm_as_a_dim_value():
 
 
 def test_a_bound_on_a_sum_narrows_each_dim_and_the_runtime_refuses_beyond():
-    from portable_pe.io_names import apply_dim_bounds, dim_sum_error
+    from portable_pe.spec.io_names import apply_dim_bounds, dim_sum_error
     io = {"dims": {"T": {"role": "seq", "min": 1, "max": 4096},
                    "past": {"role": "seq", "min": 0, "max": 4096, "past": True}}}
     assert apply_dim_bounds(io, {"T + past": 1024})
@@ -682,7 +682,7 @@ def test_a_bound_on_a_sum_narrows_each_dim_and_the_runtime_refuses_beyond():
 
 
 def test_bf16_mul_in_float32_is_bit_exact():
-    from portable_pe.bf16_mul import widen_bf16_mul
+    from portable_pe.compile.bf16_mul import widen_bf16_mul
     x = oh.make_tensor_value_info("x", TP.BFLOAT16, [4096])
     y = oh.make_tensor_value_info("y", TP.BFLOAT16, [4096])
     z = oh.make_tensor_value_info("z", TP.FLOAT, [4096])  # bf16 -> f32 is exact; numpy has no bf16

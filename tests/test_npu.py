@@ -15,13 +15,13 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from portable_pe.encodings import ENCODINGS, alibi_slopes
-from portable_pe.graphs import GRAPHS, GraphSpec, load_graph
+from portable_pe.spec.encodings import ENCODINGS, alibi_slopes
+from portable_pe.spec.graphs import GRAPHS, GraphSpec, load_graph
 from portable_pe.npu.fold import RUNTIME_POSITION_OPS, fold_positions
 from portable_pe.npu.profiles import PROFILES, check_model, coverage, format_blockers, load_profile
 from portable_pe.npu.quantize import quantize_int8
 from portable_pe.npu.rewrite import rewrite_for_profile
-from portable_pe.simplify import ort_session
+from portable_pe.compile.simplify import ort_session
 
 N = 16
 TINY_OPTIONS = {"sinusoidal": {}, "learned": {"max_len": 64}, "t5_bias": {"num_buckets": 8, "max_distance": 32},
@@ -40,8 +40,8 @@ def tiny_spec(name: str) -> GraphSpec:
 def simplified():
     """(spec, simplified ONNX) per tiny graph, exported once per module."""
     import onnxsim
-    from portable_pe.export import export_onnx
-    from portable_pe.simplify import _SKIPPED_OPTIMIZERS  # the pipeline's own onnxsim options
+    from portable_pe.compile.export import export_onnx
+    from portable_pe.compile.simplify import _SKIPPED_OPTIMIZERS  # the pipeline's own onnxsim options
     cache = {}
 
     def get(name):
@@ -242,7 +242,7 @@ def _check_npu_bundle(bundle, spec, n):
     assert "QuantizeLinear" in {n.op_type for n in model.graph.node}
     x = np.random.default_rng(5).standard_normal((1, n, spec.model.d_model)).astype(np.float32)
     ref = torch_out(spec, x)
-    from portable_pe.runtime import run_local
+    from portable_pe.run.local import run_local
     assert cosine(ort_session(model).run(None, {"x": x})[0], ref) >= 0.99
     assert cosine(run_local(bundle, {"x": x})["hidden"], ref) >= 0.99
     assert npu["accuracy"]["tvm_int8"]["cosine"] >= 0.99 and npu["accuracy"]["onnxruntime_int8"]["cosine"] >= 0.99

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from portable_pe.graphs import GRAPHS, load_graph
-from portable_pe.pe_tables import dequantize_rows, measure, quantize_onnx_tables, quantize_rows
+from portable_pe.spec.graphs import GRAPHS, load_graph
+from portable_pe.quant.tables import dequantize_rows, measure, quantize_onnx_tables, quantize_rows
 
 
 def test_per_row_error_is_at_most_half_a_step():
@@ -31,8 +31,8 @@ def test_measure_reports_memory_and_error_per_table(graph):
 @pytest.mark.parametrize("graph,stored", [("learned", 1), ("t5_bias", 1), ("rope", 0)])
 def test_onnx_tables_quantized_only_where_stored(graph, stored):
     import onnxsim
-    from portable_pe.export import export_onnx
-    from portable_pe.simplify import ort_session
+    from portable_pe.compile.export import export_onnx
+    from portable_pe.compile.simplify import ort_session
     spec = load_graph(graph)
     model, _ = onnxsim.simplify(export_onnx(spec), check_n=0)
     out, report = quantize_onnx_tables(model)
@@ -52,8 +52,8 @@ def test_llvm_bundle_with_int8_tables(tmp_path):
     import onnx
     from onnx import numpy_helper
     from conftest import DATA
-    from portable_pe.compile import compile_graph
-    from portable_pe.parity import TOLERANCES, check_bundle
+    from portable_pe.compile.pipeline import compile_graph
+    from portable_pe.run.parity import TOLERANCES, check_bundle
     bundle = compile_graph(str(DATA / "tiny_learned.toml"), out=tmp_path / "b", pe_tables="int8", log=lambda m: None)
     assert bundle.manifest["tolerance"]["float32"] == TOLERANCES["int8_tables"]
     (table,) = bundle.manifest["pe_tables"]["tables"]

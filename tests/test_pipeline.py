@@ -8,11 +8,11 @@ from __future__ import annotations
 import onnx
 import pytest
 
-from portable_pe.encodings import ENCODINGS
-from portable_pe.export import get_metadata
-from portable_pe.graphs import BASELINES, GRAPHS, load_graph
-from portable_pe.parity import DEFAULT_LENGTHS, check_bundle
-from portable_pe.simplify import op_counts
+from portable_pe.spec.encodings import ENCODINGS
+from portable_pe.compile.export import get_metadata
+from portable_pe.spec.graphs import BASELINES, GRAPHS, load_graph
+from portable_pe.run.parity import DEFAULT_LENGTHS, check_bundle
+from portable_pe.compile.simplify import op_counts
 
 # Position-table ops expected once per graph after simplify: the table is computed once and
 # shared by every layer, never per layer.
@@ -34,7 +34,7 @@ def test_every_encoding_has_a_shipped_graph_and_structure_expectations():
 
 
 def test_default_graph_is_rope():
-    from portable_pe.graphs import DEFAULT_GRAPH
+    from portable_pe.spec.graphs import DEFAULT_GRAPH
     assert load_graph(DEFAULT_GRAPH).encoding == "rope"
 
 
@@ -82,7 +82,7 @@ def test_parity_with_batch_and_position_offset(bundle_factory):
     """Batch > 1, and positions starting at 1000 (a window into a long document)."""
     import numpy as np
     import torch
-    from portable_pe.runtime import run_local
+    from portable_pe.run.local import run_local
     spec, bundle = load_graph("rope"), bundle_factory("rope")
     x = np.random.default_rng(3).standard_normal((3, 50, spec.model.d_model)).astype(np.float32)
     positions = np.arange(1000, 1050, dtype=np.int64)

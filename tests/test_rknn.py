@@ -212,7 +212,7 @@ def test_profile_agrees_with_rknn_op_by_op():
 def test_tiny_graph_through_rknn_build_and_simulator(bundle_factory, capsys):
     """The default CI run's RKNN check: the bundle holds what RKNN built and was handed,
     every op ran on the NPU, and the simulator, rerun by `parity`, matches PyTorch."""
-    from portable_pe.cli import main
+    from portable_pe.cli.main import main
     from tests.conftest import TINY_SPEC
     bundle = bundle_factory(TINY_SPEC, "npu", profile="rknpu2", seq_len=32)  # test_npu's bundle
     vendor = bundle.manifest["vendor"]
@@ -256,8 +256,8 @@ def test_without_the_toolchain_no_vendor_build_is_made_and_compile_says_how(tmp_
 def test_required_vendor_build_without_toolchain_fails_and_keeps_the_old_bundle(tmp_path, monkeypatch, capsys,
                                                                                 tiny_bundle):
     import shutil
-    from portable_pe.artifact import load_bundle
-    from portable_pe.cli import main
+    from portable_pe.bundle.artifact import load_bundle
+    from portable_pe.cli.main import main
     from tests.conftest import TINY_SPEC
     monkeypatch.setenv("PORTABLE_PE_TOOLCHAIN_DIR", str(tmp_path / "none"))
     out = tmp_path / "bundle"
@@ -287,7 +287,7 @@ def _check_cell(row, *, zero_cpu=True):
 
 
 def _graphs():
-    from portable_pe.graphs import GRAPHS
+    from portable_pe.spec.graphs import GRAPHS
     return list(GRAPHS)
 
 
@@ -324,7 +324,7 @@ def test_other_socs_agree_with_their_profile(soc):
 def test_the_guides_rknn_column_is_the_vendor_build_and_names_a_refusal(tmp_path):
     """`portable-pe guide --targets npu-rknn`: each cell is RKNN's own build and simulator
     run; a length past a learned table is a cell that says why, not a lost column."""
-    from portable_pe.graphs import load_graph
+    from portable_pe.spec.graphs import load_graph
     from portable_pe.guide.npu import NpuJob, run_vendor
     data = Path(__file__).parent / "data" / "guide"
     jobs = [NpuJob(load_graph(str(data / "tiny_rope.toml")), 16), NpuJob(load_graph(str(data / "tiny_learned.toml")), 64)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from portable_pe.runtime import InputError, run_local
+from portable_pe.run.local import InputError, run_local
 
 
 def good_inputs(length=5, batch=1):

@@ -220,7 +220,7 @@ def test_compound_dims_are_followed(case):
 def test_inspect_names_the_first_node_it_cannot_follow(tmp_path, capsys):
     """A length that depends on the data (NonZero) cannot be an expression of the input
     dims: inspect names that node and what it saw, before any compile."""
-    from portable_pe.cli import main as cli
+    from portable_pe.cli.main import main as cli
     x = oh.make_tensor_value_info("x", TP.FLOAT, [1, "T"])
     nodes = _shape_of("x", 1, "t") + [
         oh.make_node("Add", ["t", "one"], ["t1"]),

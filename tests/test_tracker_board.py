@@ -18,8 +18,8 @@ import threading
 
 import pytest
 
-from portable_pe.cli import main as cli
-from portable_pe.tuning_db import database_dir, tuned_points
+from portable_pe.cli.main import main as cli
+from portable_pe.tune.database import database_dir, tuned_points
 
 from test_deploy import board_server, free_port, stop
 from test_tune_rpc import start_tvm, wait_for_boards

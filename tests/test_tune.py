@@ -6,16 +6,16 @@ import numpy as np
 import pytest
 
 from conftest import TINY_SPEC
-from portable_pe.graphs import GRAPHS
-from portable_pe.parity import check_bundle, dim_roles, make_inputs
-from portable_pe.runtime import LocalRunner, entry_for
-from portable_pe.tune import is_rope_kernel
-from portable_pe.tuning_db import database_dir, tuned_points
+from portable_pe.spec.graphs import GRAPHS
+from portable_pe.run.parity import check_bundle, dim_roles, make_inputs
+from portable_pe.run.local import LocalRunner, entry_for
+from portable_pe.tune.autotune import is_rope_kernel
+from portable_pe.tune.database import database_dir, tuned_points
 
 
 def test_rope_kernels_are_found_only_in_rope_graphs():
-    from portable_pe.compile import prepare
-    from portable_pe.tuning_db import as_main, fused_prim_funcs, specialize, specialized_name
+    from portable_pe.compile.pipeline import prepare
+    from portable_pe.tune.database import as_main, fused_prim_funcs, specialize, specialized_name
     found = {}
     point = {"batch": 1, "seq": 32}
     for graph in ("rope", "alibi"):
@@ -64,8 +64,8 @@ def test_no_tuning_builds_without_the_database(bundle_factory):
 
 @pytest.mark.slow
 def test_tune_then_compile_uses_every_tuned_kernel(tmp_path, monkeypatch):
-    from portable_pe.compile import compile_graph
-    from portable_pe.tune import tune_graph
+    from portable_pe.compile.pipeline import compile_graph
+    from portable_pe.tune.autotune import tune_graph
     monkeypatch.setenv("PORTABLE_PE_TUNING_DIR", str(tmp_path / "db"))
     result = tune_graph(str(TINY_SPEC), seq=8, trials=2, only="rope", log=lambda m: None)
     assert result.tasks > 0 and (result.db_dir / "database_tuning_record.json").stat().st_size > 0
@@ -82,10 +82,10 @@ def test_recheck_keeps_exactly_the_kernels_that_beat_the_default(tmp_path, monke
     """On a copy of the committed rope database: after the recheck, the database holds a
     schedule for a kernel if and only if its verdict says the tuned one was faster."""
     import shutil
-    from portable_pe.compile import prepare
-    from portable_pe.tune import recheck
-    from portable_pe.tuning_db import as_main, coverage, open_database, specialize, specialized_name
-    from portable_pe.tune_judge import KEEP_MARGIN
+    from portable_pe.compile.pipeline import prepare
+    from portable_pe.tune.autotune import recheck
+    from portable_pe.tune.database import as_main, coverage, open_database, specialize, specialized_name
+    from portable_pe.tune.judge import KEEP_MARGIN
     shutil.copytree(database_dir("llvm", "rope"), tmp_path / "llvm" / "rope")
     monkeypatch.setenv("PORTABLE_PE_TUNING_DIR", str(tmp_path))
     (saved,) = tuned_points(tmp_path / "llvm" / "rope")

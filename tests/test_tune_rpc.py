@@ -16,9 +16,9 @@ import time
 
 import pytest
 
-from portable_pe.cli import main as cli
-from portable_pe.tracker import TrackerError, boards_under
-from portable_pe.tuning_db import database_dir
+from portable_pe.cli.main import main as cli
+from portable_pe.tune.tracker import TrackerError, boards_under
+from portable_pe.tune.database import database_dir
 
 from conftest import TINY_SPEC
 from test_deploy import free_port, needs_cross, stop, wait_listening
@@ -130,7 +130,7 @@ def candidate(tmp_path_factory):
 
 
 def runner_for(tracker_port: int, key: str, **options):
-    from portable_pe.tune_rpc import board_runner
+    from portable_pe.tune.rpc import board_runner
     return board_runner(tracker=f"127.0.0.1:{tracker_port}", key=key, log=lambda m: None, **options)
 
 
@@ -202,7 +202,7 @@ def test_a_silent_board_times_out_instead_of_hanging(tracker, candidate):
 @needs_cross
 def test_core_counts_come_from_the_tag_the_table_or_the_option():
     from portable_pe.backends import arm
-    from portable_pe.targets import load_target
+    from portable_pe.backends.targets import load_target
     spec = load_target("arm")
     cores = {board: arm.tvm_target(spec, board=board).attrs.get("num-cores") for board in spec.options["board"]["choices"]}
     # the Jetson AGX tags carry their CPU core counts (Orin 64GB: 12x Cortex-A78AE, Thor: 14x Neoverse-V3AE)
@@ -219,7 +219,7 @@ def test_tuning_a_board_without_a_core_count_says_what_to_pass(capsys):
     out, err = capsys.readouterr()
     assert "has no core count, which MetaSchedule needs (\"num-cores\"): pass --num-cores N" in err
     assert "[export]" not in out  # said before the export
-    from portable_pe.tune import check_tunable
+    from portable_pe.tune.autotune import check_tunable
     check_tunable("arm", {"num_cores": 2})
     check_tunable("arm", {"board": "rk3399"})
 
@@ -228,7 +228,7 @@ def _commit_record(db_dir, kernel, target) -> None:
     """One measured-looking record for `kernel` (a trivial schedule: its loops looked up)."""
     from tvm.s_tir import Schedule
     from tvm.s_tir import meta_schedule as ms
-    from portable_pe.tuning_db import open_database, workload
+    from portable_pe.tune.database import open_database, workload
     mod = workload(kernel)
     database = open_database(db_dir)
     sch = Schedule(mod)
@@ -247,8 +247,8 @@ def _has_root(mod) -> bool:
 def test_compile_applies_the_boards_own_database(tmp_path, monkeypatch, capsys):
     """A database under targets/tuning/arm/<board>/<graph>/ is the one `compile --board` uses
     (hits and misses reported)."""
-    from portable_pe.compile import compile_graph, prepare
-    from portable_pe.tuning_db import as_main, database_dir_of, fused_prim_funcs, specialize, specialized_name
+    from portable_pe.compile.pipeline import compile_graph, prepare
+    from portable_pe.tune.database import as_main, database_dir_of, fused_prim_funcs, specialize, specialized_name
     monkeypatch.setenv("PORTABLE_PE_TUNING_DIR", str(tmp_path / "db"))
     st = prepare(str(TINY_SPEC), target="arm", target_options={"board": "rasp4b64"}, log=lambda m: None)
     db_dir = database_dir_of(st)
@@ -277,9 +277,9 @@ def test_candidates_are_exported_into_their_own_folder(tmp_path):
     import tvm
     from tvm import te
     from tvm.s_tir import meta_schedule as ms
-    from portable_pe.compile import CompileState, stage_target
-    from portable_pe.targets import load_target
-    from portable_pe.tune import _builder
+    from portable_pe.compile.pipeline import CompileState, stage_target
+    from portable_pe.backends.targets import load_target
+    from portable_pe.tune.autotune import _builder
     st = CompileState(source="", target=load_target("arm"), intermediates=None, shapes={},
                       target_options={"board": "rasp4b64"}, log=lambda m: None)
     stage_target(st)
@@ -300,7 +300,7 @@ def _bind_gpu_schedule(kernel):
     fused and bound to 96-thread blocks, a size dlight never picks), or None when the
     kernel is not that simple."""
     from tvm.s_tir import Schedule
-    from portable_pe.tuning_db import workload
+    from portable_pe.tune.database import workload
     sch = Schedule(workload(kernel))
     try:
         *producers, last = sch.get_child_blocks(sch.get_sblock("root"))
@@ -319,8 +319,8 @@ def test_cuda_compile_applies_the_archs_database_before_dlight(tmp_path, monkeyp
     ones TVM's CUDA pipeline fuses, and the compile applies it before dlight's schedules
     (the tuned kernel keeps its 96-thread blocks)."""
     from tvm.s_tir import meta_schedule as ms
-    from portable_pe.compile import compile_graph, prepare
-    from portable_pe.tuning_db import (as_main, database_dir_of, fused_prim_funcs, open_database, specialize,
+    from portable_pe.compile.pipeline import compile_graph, prepare
+    from portable_pe.tune.database import (as_main, database_dir_of, fused_prim_funcs, open_database, specialize,
                                        specialized_name, workload)
     monkeypatch.setenv("PORTABLE_PE_TUNING_DIR", str(tmp_path / "db"))
     st = prepare(str(TINY_SPEC), target="cuda", target_options={"arch": "sm_80"}, log=lambda m: None)

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from portable_pe.graphs import load_graph
+from portable_pe.spec.graphs import load_graph
 from portable_pe.npu.vela import PROFILE_ACCELERATORS, VelaJob, build_bundle_files, compile_jobs
 from portable_pe.npu.vendor import missing_message, toolchain_python
-from portable_pe.parity import TOLERANCES
+from portable_pe.run.parity import TOLERANCES
 
 TINY = Path(__file__).parent / "data" / "guide"
 needs_toolchain = pytest.mark.skipif(toolchain_python("ethos-u") is None, reason=missing_message("ethos-u"))
@@ -59,8 +59,8 @@ def test_tiny_encoder_builds_for_ethos_u85_with_every_operator_on_the_npu(tmp_pa
 
 @needs_toolchain
 def test_an_ethos_u85_bundle_holds_velas_build_and_can_be_recompiled_in_place(tmp_path, capsys):
-    from portable_pe.artifact import load_bundle
-    from portable_pe.cli import main
+    from portable_pe.bundle.artifact import load_bundle
+    from portable_pe.cli.main import main
     out = tmp_path / "bundle"
     args = ["compile", str(TINY / "tiny_rope.toml"), "--target", "npu", "--profile", "ethos-u85", "--seq-len", "16",
             "--out", str(out)]

@@ -32,7 +32,7 @@ def tvm_target(spec, *, arch: str | None = None) -> tvm.target.Target:
 
 
 def _host_spec():
-    from ..targets import load_target
+    from .targets import load_target
     return load_target("llvm")
 
 

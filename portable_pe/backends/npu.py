@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import Legalized, Staged, llvm
+from . import Legalized, Staged, llvm  # noqa
 
 HOSTS = ("llvm", "arm")
 VENDOR_BUILDS = ("auto", "require", "skip")
@@ -26,7 +26,7 @@ VENDOR_BUILDS = ("auto", "require", "skip")
 
 def _host(options):
     from . import get_backend
-    from ..targets import load_target
+    from .targets import load_target
     host = options.get("host") or "llvm"
     if host not in HOSTS:
         raise ValueError(f"--host {host!r} is not a host for the npu target; valid: {', '.join(HOSTS)}")
@@ -72,12 +72,12 @@ def _options(state):
 
 
 def legalize_onnx(model, state) -> Legalized:
-    from ..compile import describe_io
+    from ..compile.pipeline import describe_io
     from ..npu.fold import fold_positions
     from ..npu.profiles import check_model, coverage, format_blockers
     from ..npu.quantize import quantize_int8
     from ..npu.rewrite import rewrite_for_profile
-    from ..parity import TOLERANCES
+    from ..run.parity import TOLERANCES
     profile, dtype, soc = _options(state)
     seq_len = int(state.target_options.get("seq_len") or 128)
     profile.check_seq_len(seq_len)
@@ -134,8 +134,8 @@ def legalize_onnx(model, state) -> Legalized:
 def _onnxruntime_accuracy(state, io, seq_len, graphs: dict) -> dict:
     """onnxruntime on each graph vs PyTorch at (1, N): the float rewrites' parity comes before
     quantization, so a wrong rewrite is caught here, not blamed on int8."""
-    from ..parity import make_inputs, torch_reference
-    from ..simplify import ort_session
+    from ..run.parity import make_inputs, torch_reference
+    from ..compile.simplify import ort_session
     if state.spec is None:
         return {}
     inputs = make_inputs(io["inputs"], length=seq_len)
@@ -163,7 +163,7 @@ def vendor_build(state) -> Staged | None:
     import onnx
     from ..npu.agreement import agreement
     from ..npu.profiles import check_model, coverage
-    from ..parity import make_inputs
+    from ..run.parity import make_inputs
     profile, dtype, soc = _options(state)
     model = onnx.ModelProto.FromString(state.files[vendor.PREFIX + "model.onnx"])
     n = npu["seq_len"]

@@ -37,7 +37,7 @@ GUIDE_TARGETS: dict[str, str] = {"llvm": "this CPU through TVM (measured)",
 def resolve_graphs(names: list[str] | None) -> tuple[dict[str, str], dict, str]:
     """(name -> source, name -> GraphSpec, baseline name): the shipped graphs by default;
     all of one model; the no-position graph first (added when none is given)."""
-    from ..graphs import GRAPHS, load_graph
+    from ..spec.graphs import GRAPHS, load_graph
     sources = list(names) if names else [*GRAPHS]
     specs = {}
     for source in sources:
@@ -109,7 +109,7 @@ def run_guide(*, graphs: list[str] | None = None, targets: tuple[str, ...] = tup
 
 def _measure(result: dict, sources: dict, specs: dict, baseline: str, *, targets, work: Path,
              log: Callable[[str], None]) -> None:
-    from . import cpu, lengths as length_checks, tables
+    from . import cpu; from . import lengths as length_checks; from . import tables
     from .npu import NpuJob, run_vendor
     s = result["settings"]
     lengths, batches, threads = tuple(s["lengths"]), tuple(s["batches"]), s["threads"]

@@ -29,7 +29,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..bench import interleave, summarize
+from ..bench.graph import interleave, summarize
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class CpuSettings:
 def build_bundles(sources: dict[str, str], *, work_dir: Path, pe_tables: str | None = None,
                   log: Callable[[str], None]) -> dict[str, dict]:
     """name -> {"bundle", "build_s"} for every graph, built for llvm without tuning."""
-    from ..compile import compile_graph
+    from ..compile.pipeline import compile_graph
     built = {}
     for name, source in sources.items():
         start = time.perf_counter()
@@ -67,8 +67,8 @@ def kernel_hashes(source: str) -> dict[str, str]:
     """Kernel name -> structural hash of each kernel a build of `source` schedules: the
     same kernel in two builds has the same hash, whatever its name or number."""
     import tvm_ffi
-    from ..compile import prepare
-    from ..tuning_db import fused_module, kernels_of, workload
+    from ..compile.pipeline import prepare
+    from ..tune.database import fused_module, kernels_of, workload
     st = prepare(source, target="llvm", log=lambda m: None)
     funcs = kernels_of(fused_module(st.relax, st.tvm_target))
     return {name: format(tvm_ffi.structural_hash(workload(f)), "x") for name, f in funcs.items()}
@@ -86,7 +86,7 @@ class Runner:
 
     def __init__(self, bundle):
         import tvm
-        from ..runtime import LocalRunner
+        from ..run.local import LocalRunner
         self.bundle = bundle
         from tvm import relax
         self.local = LocalRunner(bundle)
@@ -99,7 +99,7 @@ class Runner:
 
     def args(self, x: np.ndarray):
         """VM arguments for token embeddings x, or the bundle's refusal (InputError)."""
-        from ..runtime import check_inputs
+        from ..run.local import check_inputs
         inputs = {"x": x, "positions": np.arange(x.shape[1], dtype=np.int64)}
         inputs = {k: v for k, v in inputs.items() if k in self.names}
         check_inputs(self.bundle.manifest, inputs)
@@ -131,7 +131,7 @@ def run_memory(vm, args) -> int:
 
 def profile(vm, args, hashes: dict[str, str], *, runs: int) -> dict[str, float]:
     """Median ms per run of each kernel (by structural hash) over `runs` instrumented runs."""
-    from ..tune_judge import timed_kernel_calls
+    from ..tune.judge import timed_kernel_calls
     per_run = []
     for _ in range(runs):
         totals: dict[str, float] = {}
@@ -156,7 +156,7 @@ def position_work(kernels: dict[str, float], baseline: dict[str, float], names: 
 def measure(graphs: dict[str, str], *, baseline: str, settings: CpuSettings, work_dir: Path,
             log: Callable[[str], None]) -> dict:
     """The llvm section's numbers (see the module docstring), as plain JSON-able data."""
-    from ..runtime import InputError
+    from ..run.local import InputError
     from ..threads import set_threads
     set_threads(settings.threads)
     built = build_bundles(graphs, work_dir=work_dir, log=log)

@@ -17,10 +17,10 @@ import numpy as np
 
 def check(specs: dict, bundles: dict[str, str], *, multiples: tuple[int, ...] = (2, 4)) -> list[dict]:
     """One row per encoder: limits, parity at multiples of the example length, refusal."""
-    from ..artifact import load_bundle
-    from ..parity import compare, torch_reference
+    from ..bundle.artifact import load_bundle
+    from ..run.parity import compare, torch_reference
     from .cpu import Runner
-    from ..runtime import InputError
+    from ..run.local import InputError
     rows = []
     for name, spec in specs.items():
         runner = Runner(load_bundle(Path(bundles[name])))

@@ -34,9 +34,9 @@ def rknn(jobs: list[NpuJob], *, columns: tuple[str, ...], work_dir: Path,
 
 
 def _cell(job: NpuJob, *, column: str, soc: str) -> dict:
-    from ..compile import STAGES as PIPELINE, CompileState, _run_stages
+    from ..compile.pipeline import STAGES as PIPELINE, CompileState, _run_stages
     from ..npu.vendor import VendorError
-    from ..targets import load_target
+    from ..backends.targets import load_target
     options = {"profile": "rknpu2", "seq_len": job.seq_len, "npu_dtype": "int8", "soc": soc, "vendor_build": "require"}
     st = CompileState(source=f"{job.spec.name} (guide)", target=load_target("npu"), intermediates=None, shapes={},
                       target_options=options, log=lambda m: None)

@@ -18,7 +18,7 @@ import numpy as np
 
 
 def materialized(specs: dict, lengths: tuple[int, ...]) -> list[dict]:
-    from ..pe_tables import measure
+    from ..quant.tables import measure
     rows = []
     for name, spec in specs.items():
         for seq in lengths:
@@ -31,8 +31,8 @@ def materialized(specs: dict, lengths: tuple[int, ...]) -> list[dict]:
 
 def stored_tables(spec) -> list[dict]:
     """The tables `--pe-tables int8` would quantize in this encoder's llvm graph."""
-    from ..export import export_onnx_cached
-    from ..pe_tables import quantize_onnx_tables
+    from ..compile.export import export_onnx_cached
+    from ..quant.tables import quantize_onnx_tables
     model, _ = export_onnx_cached(spec)
     return quantize_onnx_tables(model)[1]
 
@@ -40,9 +40,9 @@ def stored_tables(spec) -> list[dict]:
 def compare_builds(specs: dict, sources: dict[str, str], fp32_bundles: dict[str, str], *, lengths: tuple[int, ...],
                    threads: int, work_dir: Path, log: Callable[[str], None]) -> list[dict]:
     """fp32 against int8 stored tables, for each encoder that stores any."""
-    from ..artifact import load_bundle
-    from ..bench import interleave, summarize
-    from ..parity import TOLERANCES, compare, torch_reference
+    from ..bundle.artifact import load_bundle
+    from ..bench.graph import interleave, summarize
+    from ..run.parity import TOLERANCES, compare, torch_reference
     from ..threads import set_threads
     from .cpu import Runner, build_bundles
     set_threads(threads)

@@ -13,7 +13,7 @@ import re
 
 import sympy
 
-from ..io_names import past_dims
+from ..spec.io_names import past_dims
 
 _DIM_EXPR_RE = re.compile(r"^[A-Za-z0-9_+\-*/() ]+$")
 

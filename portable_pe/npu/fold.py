@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..io_names import is_position_input
+from ..spec.io_names import is_position_input
 
 #: ops that compute positions at run time; none may survive folding (NPUs lack them, and
 #: a surviving one means the encoding still depends on something other than positions)

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from ..registry import read_toml, toml_registry
+from ..spec.registry import ROOT, read_toml, toml_registry
 
-PROFILES_DIR = Path(__file__).resolve().parent.parent.parent / "targets" / "npu"
+PROFILES_DIR = ROOT / "targets" / "npu"
 DEFAULT_PROFILE = "generic_int8"
 _KEYS = {"name", "description", "source", "max_rank", "seq_lens", "batch", "dtypes", "quantization", "ops",
          "vendor", "socs", "soc_ops"}

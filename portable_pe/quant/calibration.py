@@ -21,7 +21,7 @@ FIRST_SEED = 1
 
 def calibration_lengths(io: dict) -> list[int]:
     """CALIBRATION_LENGTHS within the graph's sequence range (a static graph: its length)."""
-    from ..parity import usable_lengths
+    from ..run.parity import usable_lengths
     lengths = usable_lengths(io, CALIBRATION_LENGTHS)
     if not lengths:  # a range that misses every default length: its two ends
         seq = [d for d in io.get("dims", {}).values() if d.get("role") == "seq"]
@@ -31,7 +31,7 @@ def calibration_lengths(io: dict) -> list[int]:
 
 def calibration_feeds(io: dict, *, lengths: list[int]) -> list[dict[str, np.ndarray]]:
     """One seeded input set per length (batch 1), seeds FIRST_SEED, FIRST_SEED + 1, ..."""
-    from ..parity import dim_roles, make_inputs
+    from ..run.parity import dim_roles, make_inputs
     return [make_inputs(io["inputs"], length=n, batch=_batch(io, n), seed=FIRST_SEED + i, dim_roles=dim_roles(io))
             for i, n in enumerate(lengths)]
 

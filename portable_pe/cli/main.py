@@ -1,0 +1,314 @@
+"""portable-pe: compile Transformer encoders with swappable position encodings into TVM
+bundles checked against PyTorch.
+
+A thin layer over the library. Heavy imports happen inside commands, so `--help` and
+`list` stay instant. Exit status: 0 ok, 1 parity failed, 2 bad input, 3 internal error,
+130 interrupted (cli_errors.py).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from .parser import BENCH_ENGINES, BENCH_POOLS, EXPORTER_CHOICES, build_parser  # noqa: F401 (used by tests)
+
+
+def _print_report(report, json_path: str | None) -> int:
+    from ..bundle.paths import write_file_atomically
+    print(report.to_markdown())
+    if json_path:
+        write_file_atomically(Path(json_path), report.to_json().encode())
+        print(f"(JSON report written to {json_path})")
+    return 0 if report.ok else 1
+
+
+def _json_path(args) -> None:
+    """--json checked before the work, not after it."""
+    from ..bundle.paths import output_file
+    if args.json is not None:
+        args.json = str(output_file(args.json, kind="json", option="--json"))
+
+
+def cmd_compile(args) -> int:
+    from ..bundle.paths import bundle_destination
+    _json_path(args)
+    if args.out is not None:  # compile_graph checks it again; this spares a refused --out the imports
+        bundle_destination(args.out, force=args.force)
+    if Path(args.graph).suffix != ".onnx":  # the same: a bad spec is refused before torch loads
+        from ..spec.graphs import read_spec
+        read_spec(args.graph)
+    from ..compile.pipeline import compile_graph
+    from ..npu.simulator import vendor_runners
+    from ..run.parity import DEFAULT_LENGTHS, check_bundle, usable_lengths
+    print(f"compiling {args.graph} for target {args.target}"
+          f"{' -> ' + str(args.out) if args.out is not None else ''}", flush=True)
+    options = {k: v for k, v in (("board", args.board), ("arch", args.arch), ("profile", args.profile),
+                                 ("seq_len", args.seq_len), ("host", args.host), ("npu_dtype", args.npu_dtype),
+                                 ("soc", args.soc), ("vendor_build", args.vendor_build),
+                                 ("num_cores", args.num_cores)) if v is not None}
+    bundle = compile_graph(args.graph, target=args.target, out=args.out,
+                           keep_intermediates=args.keep_intermediates, shapes=dict(args.shape or []),
+                           target_options=options, pe_tables=args.pe_tables, tuning=not args.no_tuning,
+                           exporter=args.exporter, precision=args.precision, force=args.force, log=lambda m: print(m, flush=True))
+    lengths = usable_lengths(bundle.manifest, args.lengths or DEFAULT_LENGTHS)
+    skipped = sorted(set(args.lengths or ()) - set(lengths))
+    if skipped:
+        print(f"note: --lengths {','.join(map(str, skipped))} skipped: outside what the bundle accepts", flush=True)
+    runner, why = _local_runner(bundle)
+    vendor = vendor_runners(bundle, simulated=True)  # the simulator ran in the vendor stage
+    report = check_bundle(bundle, lengths=lengths, tvm_runner=runner,
+                          candidates=("onnxruntime", "tvm") if runner else ("onnxruntime",), extra_runners=vendor)
+    report.unverified = why
+    if runner is None and report.rows and not any(r.gating for r in report.rows):  # an int8 bundle for a board
+        print("note: onnxruntime's int8 kernels on this machine are shown for comparison; the bundle itself "
+              "is checked on the board (portable-pe deploy, or its run_on_board.py)", flush=True)
+    return _print_report(report, args.json)
+
+
+def _local_runner(bundle):
+    """(the bundle's module loaded here, "") or (None, why) for a board's or a GPU's bundle."""
+    from ..bundle.artifact import BundleError
+    from ..run.local import LocalRunner
+    try:
+        return LocalRunner(bundle).run, ""
+    except BundleError as err:
+        print(f"note: the compiled module is not run here: {err}", flush=True)
+        return None, str(err)
+
+
+def cmd_deploy(args) -> int:
+    from ..run.deploy import deploy
+    _json_path(args)
+    report = deploy(args.bundle, rpc=args.rpc, tracker=args.tracker, key=args.key, timeout=args.timeout,
+                    log=lambda m: print(m, flush=True))
+    return _print_report(report, args.json)
+
+
+def cmd_tune(args) -> int:
+    from ..tune.autotune import check_tunable, tune_graph
+    if args.recheck:
+        from ..tune.autotune import recheck_graph
+        recheck_graph(args.graph, target=args.target, log=lambda m: print(m, flush=True))
+        return 0
+    options = {k: v for k, v in (("board", args.board), ("arch", args.arch), ("num_cores", args.num_cores)) if v}
+    check_tunable(args.target, options)  # in a second, before the tracker and the export
+    runner = None
+    if args.rpc_tracker:
+        from ..tune.rpc import board_runner
+        runner = board_runner(tracker=args.rpc_tracker, key=args.rpc_key, timeout=args.rpc_timeout,
+                              log=lambda m: print(m, flush=True))
+    elif args.rpc_key:
+        raise ValueError("--rpc-key needs --rpc-tracker HOST:PORT (the tracker the boards registered with)")
+    for batch in args.batch:
+        for seq in args.lengths:
+            result = tune_graph(args.graph, target=args.target, target_options=options, batch=batch, seq=seq,
+                                trials=args.trials, only=args.only, runner=runner,
+                                log=lambda m: print(m, flush=True))
+            print(f"tuned {result.tasks} kernel(s) at batch={batch} seq={seq} in {result.seconds:.0f} s "
+                  f"-> {result.db_dir}")
+    print("`portable-pe compile` applies this database automatically (`--no-tuning` to skip it)")
+    return 0
+
+
+def cmd_parity(args) -> int:
+    from ..bundle.artifact import load_bundle
+    from ..npu.simulator import vendor_runners
+    from ..run.parity import DEFAULT_LENGTHS, check_bundle
+    from ..run.parity import check_request
+    _json_path(args)
+    bundle = load_bundle(args.bundle)
+    check_request(bundle.manifest, lengths=args.lengths or (), batch=args.batch)
+    return _print_report(check_bundle(bundle, lengths=args.lengths or DEFAULT_LENGTHS, batch=args.batch,
+                                      extra_runners=vendor_runners(bundle, log=lambda m: print(m, flush=True))),
+                         args.json)
+
+
+def cmd_run(args) -> int:
+    import io
+    import numpy as np
+    from ..bundle.artifact import load_bundle
+    from ..bundle.paths import output_file, write_file_atomically
+    from ..run.local import run_local
+    from ..user_files import load_npz_inputs
+    out = output_file(args.out, kind="npz", option="--out", protect=(Path(args.inputs),))
+    bundle = load_bundle(args.bundle)
+    inputs = load_npz_inputs(args.inputs)
+    if args.past:
+        from ..run.kv_cache import past_inputs
+        inputs = {**past_inputs(bundle, args.past, batch=next(iter(inputs.values())).shape[0]), **inputs}
+    outputs = run_local(bundle, inputs)
+    buf = io.BytesIO()
+    np.savez(buf, **outputs)  # to a buffer: savez given a path would add ".npz" to it
+    write_file_atomically(out, buf.getvalue())
+    for name, value in outputs.items():
+        print(f"{name}: {value.dtype}{list(value.shape)}")
+    print(f"wrote {args.out}")
+    return 0
+
+
+def inspect_onnx(path: Path) -> int:
+    """What a compile would meet: inputs, ops, and the nodes that would block the import."""
+    import onnx
+    from collections import Counter
+    from ..compile.frontend import blocking_nodes
+    from ..user_files import load_onnx_file
+    model = load_onnx_file(path)  # what compile accepts, checked the same way
+    opsets = ", ".join(f"{o.domain or 'ai.onnx'} {o.version}" for o in model.opset_import)
+    print(f"onnx {path}: {len(model.graph.node)} nodes, opsets: {opsets}, producer {model.producer_name or '?'}")
+    for kind, values in (("input", model.graph.input), ("output", model.graph.output)):
+        for vi in values:
+            dims = [d.dim_param or d.dim_value or "?" for d in vi.type.tensor_type.shape.dim]
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type) if vi.type.tensor_type.elem_type else "?"
+            print(f"  {kind:6} {vi.name}: {dtype}[{', '.join(map(str, dims))}]")
+    print("  ops: " + ", ".join(f"{op} x{n}" for op, n in Counter(n.op_type for n in model.graph.node).most_common()))
+    _print_shape_following(model)
+    blocked = blocking_nodes(model)
+    if not blocked:
+        print("  import: every node has a converter (TVM's or portable-pe's)")
+        return 0
+    print(f"  import: {len(blocked)} node(s) would block compilation:")
+    for b in blocked:
+        print(f"    {b['node']}: {b['op']} ({b['domain'] or 'ai.onnx'} opset {b['opset']}): {b['reason']}")
+    return 1
+
+
+def _print_shape_following(model) -> None:
+    """The first node whose dims legalize cannot follow, with what it saw."""
+    from ..legalize.follow import first_unfollowed, input_dims
+    lost = first_unfollowed(model)
+    if lost is None:
+        print(f"  shapes: every node's dims are expressions of the input dims ({', '.join(input_dims(model)) or 'all static'})")
+        return
+    print(f"  shapes: cannot follow node {lost['node']} ({lost['op']}): {lost['why']}")
+    for line in lost["inputs"]:
+        print(f"    it saw {line}")
+    for line in lost["outputs"]:
+        print(f"    it gives {line}")
+
+
+def cmd_inspect(args) -> int:
+    from ..bundle.artifact import load_bundle
+    from ..spec.io_names import bound_key
+    if Path(args.bundle).suffix == ".onnx":
+        return inspect_onnx(Path(args.bundle))
+    bundle = load_bundle(args.bundle)
+    m = bundle.manifest
+    print(f"bundle {bundle.path}: graph {m['graph']['name']} ({m['graph']['source']}), "
+          f"encoding {m['encoding']}, target {m['target']['name']}")
+    print(f"  tvm target: {json.dumps(m['target']['tvm'])}")
+    for kind in ("inputs", "outputs"):
+        for io in m[kind]:
+            print(f"  {kind[:-1]:6} {io['name']}: {io['dtype']}[{', '.join(map(str, io['dims']))}]")
+    for dim, info in m.get("dims", {}).items():
+        print(f"  dim {dim} ({info['role']}): {info['min']}..{info['max']} {info.get('why', '')}")
+    for limit in m.get("dim_sums", []):
+        print(f"  dims {bound_key(limit['dims'])} <= {limit['max']} {limit.get('why', '')}")
+    print(f"  simplify: {m['simplify'].get('nodes_before')} -> {m['simplify'].get('nodes_after')} nodes")
+    print(f"  reference: {m['reference']['source']} at T={m['reference']['lengths']}")
+    print(f"  versions: {m['versions']}")
+    if m.get("vendor"):
+        v = m["vendor"]
+        if not v.get("built"):
+            print(f"  vendor: {v.get('toolkit', v['name'])} no build ({v.get('why')})")
+        elif "placement" in v:  # RKNN-Toolkit2
+            print(f"  vendor: {v.get('toolkit', v['name'])} {v['soc']} {v['dtype']}: {v['placement']['ops_npu']} "
+                  f"op(s) on the NPU, {v['placement']['ops_cpu']} on the CPU")
+        else:  # Vela (Ethos-U)
+            print(f"  vendor: Vela {v.get('versions', {}).get('ethos-u-vela', '?')} {v['accelerator']}: "
+                  f"{v['npu_ops']} op(s) on the NPU, {v['cpu_ops']} on the CPU, estimate {v['inference_ms']:.3f} ms")
+    print("  files: " + ", ".join(f"{n} (sha256 {h[:12]})" for n, h in m["files"].items()) + " [verified]")
+    return 0
+
+
+def cmd_list(args) -> int:
+    from ..spec.encoding_notes import ENCODING_NOTES
+    from ..spec.graphs import DEFAULT_GRAPH, GRAPHS
+    from ..backends.targets import TARGETS, load_target
+    print("graphs:")
+    for name, path in GRAPHS.items():
+        print(f"  {name}{' (default)' if name == DEFAULT_GRAPH else ''}  {path}")
+    print("encodings:")
+    for name, note in ENCODING_NOTES.items():
+        print(f"  {name:<11} {note}")
+    print("targets:")
+    for name in TARGETS:
+        spec = load_target(name)
+        print(f"  {name:<5} {spec.description}{'  [not yet: ' + spec.planned + ']' if spec.planned else ''}")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from ..bench.graph import Settings, bench_graph
+    from ..bundle.paths import output_folder
+    settings = Settings(lengths=tuple(args.lengths), batches=tuple(args.batch), threads=args.threads,
+                        repeat=args.repeat, min_time_s=args.min_time, engines=tuple(args.engines.split(",")),
+                        pool=args.pool)
+    out = Path(args.out) if args.out is not None else Path("dist") / f"bench-{Path(args.graph).stem}"
+    output_folder(args.out if args.out is not None else out, option="--out", files=("bench.json", "bench.md", "bench.png"))
+    _bench_precheck(args, settings)
+    result = bench_graph(args.graph, settings=settings, tuned=args.tuned, bundle=args.bundle,
+                         int8_bundle=args.int8_bundle, out=out, log=lambda m: print(m, flush=True))
+    print(result.to_markdown())
+    print(f"(wrote {out / 'bench.json'}, bench.md and bench.png)")
+    return 0 if all(c.ok is not False for c in result.cells) else 1
+
+
+def _bench_precheck(args, settings) -> None:
+    """What bench_graph would refuse only after compiling, refused before."""
+    from ..bundle.artifact import load_bundle
+    from ..bench.graph import ENGINES
+    from ..run.parity import check_request
+    unknown = sorted(set(settings.engines) - set(ENGINES))
+    if unknown:
+        raise ValueError(f"--engines: unknown engine(s) {', '.join(unknown)}; valid: {', '.join(ENGINES)}")
+    bundles = [load_bundle(path) for path in (args.bundle, args.tuned, args.int8_bundle) if path is not None]
+    for bundle in bundles:
+        check_request(bundle.manifest, lengths=settings.lengths, batch=max(settings.batches))
+    if not bundles and Path(args.graph).suffix != ".onnx":
+        from ..spec.graphs import load_graph
+        spec = load_graph(args.graph)
+        if max(settings.lengths) > spec.max_length:
+            raise ValueError(f"--lengths {max(settings.lengths)}: graph {spec.name!r} accepts lengths 1..{spec.max_length}")
+        if max(settings.batches) > spec.max_batch:
+            raise ValueError(f"--batch {max(settings.batches)}: graph {spec.name!r} accepts batch sizes 1..{spec.max_batch}")
+
+
+def cmd_guide(args) -> int:
+    from ..guide import render_from, run_guide
+    from ..bundle.paths import output_folder
+    output_folder(args.out if args.out is not None else "dist/guide", option="--out",
+                  files=("guide.md", "guide.json"))
+    if args.from_json:
+        print(f"wrote {render_from(Path(args.from_json), args.out)}")
+        return 0
+    run_guide(graphs=args.graphs, targets=tuple(args.targets.split(",")), lengths=tuple(args.lengths),
+              batches=tuple(args.batch), out=args.out or Path("dist/guide"), threads=args.threads,
+              repeat=args.repeat, keep_work=args.keep_work, command="portable-pe " + " ".join(sys.argv[1:]),
+              log=lambda m: print(m, flush=True))
+    return 0
+
+
+COMMANDS = {"compile": cmd_compile, "guide": cmd_guide, "parity": cmd_parity, "run": cmd_run,
+            "inspect": cmd_inspect, "list": cmd_list, "tune": cmd_tune, "deploy": cmd_deploy, "bench": cmd_bench}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .errors import interrupted, run_command
+    from ..interrupts import install
+    install()  # before parsing: Ctrl-C at any point is an exit 130 with partial files removed
+    try:
+        args = build_parser().parse_args(argv)
+    except KeyboardInterrupt as err:
+        return interrupted("", err)
+    return run_command(args.command, COMMANDS[args.command], args, debug=getattr(args, "debug", False))
+
+
+def entry() -> int:
+    """The `portable-pe` program (console script and `python -m portable_pe`): main, then a
+    teardown no signal can turn into a failure (interrupts.ignore_from_now)."""
+    from ..interrupts import ignore_from_now
+    code = main()
+    ignore_from_now()
+    return code

@@ -1,0 +1,216 @@
+"""The command line's parser: every subcommand's options and the argument types that
+range-check them (with the option's name), apart from what the commands do (cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+from pathlib import Path
+
+#: the first paragraph of `portable-pe --help`
+DESCRIPTION = ("portable-pe: compile Transformer encoders with swappable position encodings into TVM "
+               "bundles checked against PyTorch.")
+#: export.EXPORTERS with the default first, spelled out because importing export.py loads
+#: torch (a test keeps the two the same)
+EXPORTER_CHOICES = ("torchscript", "dynamo")
+#: bench_engines.ENGINES and POOLS, spelled out for the same reason (a test keeps them the same)
+BENCH_ENGINES = ("torch", "torch.compile", "onnxruntime", "openvino", "openvino-f32", "tvm", "tvm-tuned",
+                 "onnxruntime-int8", "openvino-int8", "tvm-int8")
+BENCH_POOLS = ("default", "passive")
+
+
+def _lengths(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 1,7,128, got {text!r}") from None
+    if not values or min(values) < 1 or max(values) > MAX_SIZE:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers in 1..{MAX_SIZE} like 1,7,128, got {text!r}")
+    return values
+
+
+#: the largest batch, length or dim a command line may ask for (a bundle's own bounds are
+#: checked later, against its manifest)
+MAX_SIZE = 1 << 20
+
+
+def _int_in(lo: int, hi: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer in {lo}..{hi}, got {text!r}") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"expected an integer in {lo}..{hi}, got {value}")
+        return value
+    return parse
+
+
+def _seconds(lo: float, hi: float):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected seconds in {lo:g}..{hi:g}, got {text!r}") from None
+        if not lo <= value <= hi:  # NaN fails this too
+            raise argparse.ArgumentTypeError(f"expected seconds in {lo:g}..{hi:g}, got {text}")
+        return value
+    return parse
+
+
+def _guide_targets(text: str) -> str:
+    from ..guide import GUIDE_TARGETS
+    bad = [t for t in text.split(",") if t not in GUIDE_TARGETS]
+    if bad or not text:
+        raise argparse.ArgumentTypeError(f"unknown guide target(s) {bad or [text]}; valid: {', '.join(GUIDE_TARGETS)}")
+    return text
+
+
+def _shape(text: str) -> tuple[str, list[int]]:
+    name, _, dims = text.partition("=")
+    try:
+        sizes = [int(d) for d in dims.split("x")]
+    except ValueError:
+        sizes = []
+    if not name.strip() or not sizes or min(sizes) < 1 or max(sizes) > MAX_SIZE:
+        raise argparse.ArgumentTypeError(f"expected NAME=1x128 (an input name, then sizes in 1..{MAX_SIZE} "
+                                         f"joined by x), got {text!r}")
+    return name, sizes
+
+
+def _option_choices(option: str) -> list[str]:
+    """The values targets/*.toml declare for a compile option (e.g. every target's boards)."""
+    from ..backends.targets import TARGETS, load_target
+    return [c for name in TARGETS for c in load_target(name).options.get(option, {}).get("choices", {})]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from ..quant import PRECISIONS
+    from ..guide import GUIDE_TARGETS
+    from ..backends.targets import TARGETS
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show the Python traceback of an error")
+    parser = argparse.ArgumentParser(prog="portable-pe", description=DESCRIPTION,
+                                     parents=[common])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser = functools.partial(sub.add_parser, parents=[common])
+
+    p = sub.add_parser("compile", help="compile a graph into a checked bundle and print its parity report")
+    p.add_argument("graph", help="shipped graph name (see `portable-pe list`), a .toml spec, or an .onnx file")
+    p.add_argument("--target", default="llvm", choices=list(TARGETS))
+    p.add_argument("--out", help="bundle folder: a new path or an existing bundle "
+                                            "(default: dist/<graph>-<target>)")
+    p.add_argument("--force", action="store_true",
+                   help="let --out replace a file or a folder that is not a bundle (never '.' or a parent of it)")
+    p.add_argument("--keep-intermediates", action="store_true", help="dump each stage's output beside the bundle")
+    p.add_argument("--shape", action="append", type=_shape, metavar="NAME=1x128", help="fix an ONNX input's dims")
+    p.add_argument("--lengths", type=_lengths, help="parity sequence lengths (default 1,7,128,300)")
+    p.add_argument("--json", metavar="PATH", help="also write the parity report as JSON")
+    p.add_argument("--board", choices=_option_choices("board"), help="--target arm: the board (default generic aarch64)")
+    p.add_argument("--arch", metavar="sm_XY", help="--target cuda: SM arch (default: the local GPU's, else sm_80)")
+    p.add_argument("--profile", metavar="NAME", help="--target npu: NPU profile, targets/npu/NAME.toml (default generic_int8)")
+    p.add_argument("--seq-len", type=_int_in(1, MAX_SIZE), metavar="N",
+                   help="--target npu: the static sequence length (default 128)")
+    p.add_argument("--host", choices=["llvm", "arm"], help="--target npu: host CPU for the TVM build (default llvm)")
+    p.add_argument("--npu-dtype", choices=_option_choices("npu_dtype"), help="--target npu: int8 (default) or fp16")
+    p.add_argument("--soc", metavar="CHIP", help="--target npu: the chip the profile's vendor compiler builds for "
+                                                 "(rknpu2: rk3588 (default), rk3576, rk3568)")
+    p.add_argument("--vendor-build", choices=_option_choices("vendor_build"),
+                   help="--target npu: run the profile's vendor compiler (rknpu2: RKNN-Toolkit2): auto (default: "
+                        "when its toolchain is installed), require, skip")
+    p.add_argument("--num-cores", type=_int_in(1, 1024), metavar="N", help="--target arm: the board's physical cores "
+                                                              "(default: from the board's tag)")
+    p.add_argument("--pe-tables", choices=["int8"], help="store position tables as int8 rows with per-row scales")
+    p.add_argument("--precision", choices=list(PRECISIONS),
+                   help="int8: calibrated int8 matmuls (llvm, arm; npu is always int8); default: the target's")
+    p.add_argument("--no-tuning", action="store_true", help="ignore the graph's tuning database (targets/tuning/)")
+    p.add_argument("--exporter", choices=EXPORTER_CHOICES, default=EXPORTER_CHOICES[0],
+                   help="torch -> ONNX exporter for graph specs (default %(default)s, 13x faster "
+                        "than dynamo; falls back to dynamo if it fails)")
+
+    p = sub.add_parser("deploy", help="run a bundle on a board over TVM RPC and print its parity report")
+    p.add_argument("bundle")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--rpc", metavar="HOST:PORT", help="the board's TVM RPC server")
+    where.add_argument("--tracker", metavar="HOST:PORT", help="a TVM RPC tracker (with --key)")
+    p.add_argument("--key", help="with --tracker: the key the board registered under")
+    p.add_argument("--timeout", type=_seconds(0.1, 7 * 86400), default=600.0,
+                   help="seconds: the board ends the session after this; connecting waits at most min(this, 30)")
+    p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+
+    p = sub.add_parser("tune", help="autotune a graph's kernels with MetaSchedule into its tuning database")
+    p.add_argument("graph", help="shipped graph name, .toml spec, or .onnx file")
+    p.add_argument("--target", default="llvm", choices=list(TARGETS))
+    p.add_argument("--only", choices=["rope"], help="tune only the RoPE kernels (rotation and cos/sin tables)")
+    p.add_argument("--trials", type=_int_in(1, 100_000), default=64, help="measured candidates per kernel (default 64)")
+    p.add_argument("--lengths", type=_lengths, default=[128], help="sequence lengths to tune at (default 128)")
+    p.add_argument("--batch", type=_lengths, default=[1], help="batch sizes to tune at (default 1)")
+    p.add_argument("--board", choices=_option_choices("board"), help="--target arm: the board to tune for "
+                                                                     "(its database: targets/tuning/arm/BOARD/)")
+    p.add_argument("--num-cores", type=_int_in(1, 1024), metavar="N", help="--target arm: the board's physical cores "
+                                                              "(default: from the board's tag)")
+    p.add_argument("--arch", metavar="sm_XY", help="--target cuda: SM arch of the GPU(s) behind the tracker")
+    p.add_argument("--rpc-tracker", metavar="HOST:PORT", help="measure on boards behind a TVM RPC tracker")
+    p.add_argument("--rpc-key", help="the boards' key at the tracker (with --rpc-tracker)")
+    p.add_argument("--rpc-timeout", type=_seconds(1, 86400), default=120.0, metavar="S",
+                   help="seconds: the longest wait for a free board, and for one candidate's session (default 120)")
+    p.add_argument("--recheck", action="store_true",
+                   help="tune nothing: time the database's kernels against the default schedules again "
+                        "and keep only the faster ones (after the default schedules changed)")
+
+    p = sub.add_parser("parity", help="check a bundle against its reference at several lengths")
+    p.add_argument("bundle")
+    p.add_argument("--lengths", type=_lengths, help="comma-separated (default 1,7,128,300)")
+    p.add_argument("--batch", type=_int_in(1, MAX_SIZE), default=1, help="batch size (default 1)")
+    p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+
+    p = sub.add_parser("run", help="run a bundle on named arrays from an .npz")
+    p.add_argument("bundle")
+    p.add_argument("--inputs", required=True, help=".npz with one array per model input")
+    p.add_argument("--out", required=True, help=".npz to write the named outputs to")
+    p.add_argument("--past", metavar="PREV.npz|empty", help="a KV-cache bundle: the previous step's --out "
+                   "(its present.N.key/value become this step's past inputs), or 'empty' for the prefill")
+
+    p = sub.add_parser("inspect", help="show a bundle's manifest (verifies checksums), or what an "
+                                       ".onnx file holds and which nodes would block its compile")
+    p.add_argument("bundle", help="bundle folder or .onnx file")
+
+    p = sub.add_parser("guide", help="measure what each position encoding costs on each target and length; "
+                                     "write a Markdown report, PNG plots and guide.json")
+    p.add_argument("--targets", default=",".join(GUIDE_TARGETS), type=_guide_targets,
+                   help=f"comma-separated, from {', '.join(GUIDE_TARGETS)} (default: all)")
+    p.add_argument("--lengths", type=_lengths, default=[128, 512, 2048, 4096], help="default 128,512,2048,4096")
+    p.add_argument("--batch", type=_lengths, default=[1, 8], help="llvm batch sizes (default 1,8)")
+    p.add_argument("--graphs", type=lambda t: [g for g in t.split(",") if g],
+                   help="graph names or .toml specs of one model (default: every shipped graph; the "
+                        "no-position baseline is added)")
+    p.add_argument("--threads", type=_int_in(1, 1024), default=2, help="threads for every build (default 2)")
+    p.add_argument("--repeat", type=_int_in(1, 1_000_000), default=5, help="at least this many timed runs per encoder and cell")
+    p.add_argument("--out", type=Path, help="report folder (default dist/guide)")
+    p.add_argument("--keep-work", action="store_true", help="keep the bundles and vendor builds (out/work)")
+    p.add_argument("--from", dest="from_json", metavar="GUIDE_JSON", help="measure nothing: render a guide.json again")
+
+    p = sub.add_parser("bench", help="time PyTorch, torch.compile, onnxruntime, OpenVINO and TVM (float32 and "
+                                     "int8) on a graph, side by side")
+    p.add_argument("graph", help="shipped graph name or a .toml spec")
+    p.add_argument("--lengths", type=_lengths, default=[128, 512], help="sequence lengths (default 128,512)")
+    p.add_argument("--batch", type=_lengths, default=[1, 8], help="batch sizes (default 1,8)")
+    p.add_argument("--threads", type=_int_in(1, 1024), default=2, help="threads for every engine (default 2)")
+    p.add_argument("--repeat", type=_int_in(1, 1_000_000), default=20,
+                   help="at least this many timed runs per cell (default 20)")
+    p.add_argument("--min-time", type=_seconds(0, 3600), default=2.0,
+                   help="and at least this many seconds per cell (default 2)")
+    p.add_argument("--engines", default=",".join(BENCH_ENGINES),
+                   help=f"comma-separated subset of {','.join(BENCH_ENGINES)} (default all)")
+    p.add_argument("--pool", choices=BENCH_POOLS, default=BENCH_POOLS[0],
+                   help="default: every engine's thread pool at its defaults (onnxruntime spins), engines "
+                        "timed in alternating blocks; passive: idle workers sleep (a machine shared with other work)")
+    p.add_argument("--tuned", metavar="BUNDLE", help="a tuned llvm bundle for the 'tvm-tuned' column")
+    p.add_argument("--int8-bundle", metavar="BUNDLE", help="an llvm --precision int8 bundle for the int8 columns")
+    p.add_argument("--bundle", metavar="BUNDLE", help="reuse this untuned llvm bundle instead of compiling one")
+    p.add_argument("--out", help="folder for bench.json/.md/.png and the compiled bundle "
+                                            "(default dist/bench-<graph>)")
+
+    sub.add_parser("list", help="list shipped graphs, encodings and targets")
+    return parser

@@ -1,0 +1,47 @@
+"""Import: ONNX -> Relax with portable_pe's converters (RotaryEmbedding-23, Attention-23/24)
+registered, refusing ops nothing can import with the op, node and opset named; and the input
+dims `--shape` pins before the import."""
+
+from __future__ import annotations
+
+import onnx
+
+
+class UnsupportedOpError(ValueError):
+    """The graph holds ops neither TVM's importer nor our converters can take."""
+
+
+def blocking_nodes(model: onnx.ModelProto) -> list[dict]:
+    """Nodes that would block the import, found from the converter tables alone."""
+    from ..legalize import blocking_nodes as find
+    return find(model)
+
+
+def describe_blocking(nodes: list[dict]) -> str:
+    return "; ".join(f"{n['op']} (node {n['node']}, {n['domain'] or 'ai.onnx'} opset {n['opset']}: {n['reason']})"
+                     for n in nodes)
+
+
+def import_onnx(model: onnx.ModelProto, *, shape_dict: dict | None = None):
+    from ..onnx_ops import UnsupportedOnnxOps, import_onnx as convert
+    try:  # convert() checks every node before converting any
+        return convert(model, shape_dict=shape_dict)
+    except UnsupportedOnnxOps as err:
+        raise UnsupportedOpError(f"the import cannot take {len(err.nodes)} node(s): "
+                                 f"{describe_blocking(err.nodes)}") from None
+
+
+def fix_input_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> None:
+    """--shape name=1x128: pin an input's dims (the rest of the graph is re-inferred later)."""
+    inputs = {vi.name: vi for vi in model.graph.input}
+    for name, dims in shapes.items():
+        if name not in inputs:
+            raise ValueError(f"--shape names input {name!r}, which the graph does not have; expected one of "
+                             f"its inputs: {', '.join(sorted(inputs))}")
+        shape = inputs[name].type.tensor_type.shape
+        if len(shape.dim) != len(dims):
+            raise ValueError(f"--shape {name}={'x'.join(map(str, dims))} gives {len(dims)} sizes; expected "
+                             f"{len(shape.dim)} (input {name!r} has rank {len(shape.dim)})")
+        for dim, size in zip(shape.dim, dims):
+            dim.Clear()
+            dim.dim_value = size

@@ -1,0 +1,104 @@
+"""Run a bundle: locally (run_local) or on a board over TVM RPC (run_rpc), one signature.
+
+Inputs are checked against the manifest before anything runs: names, dtypes, ranks,
+static dims, symbolic dims within their bounds and consistent across inputs.
+"""
+
+from __future__ import annotations
+
+import platform
+
+import numpy as np
+
+from ..bundle.artifact import Bundle, BundleError
+from ..spec.io_names import ROLES, dim_sum_error
+
+
+class InputError(ValueError):
+    """Inputs that do not match what the bundle was compiled for."""
+
+
+def check_inputs(manifest: dict, inputs: dict[str, np.ndarray]) -> None:
+    specs = {spec["name"]: spec for spec in manifest["inputs"]}
+    missing, extra = sorted(set(specs) - set(inputs)), sorted(set(inputs) - set(specs))
+    if missing or extra:
+        raise InputError(f"inputs must be named {sorted(specs)}; missing {missing}, unexpected {extra}")
+    bounds = manifest.get("dims", {})
+    bound_values: dict[str, int] = {}
+    for name, spec in specs.items():
+        array = inputs[name]
+        if str(array.dtype) != spec["dtype"]:
+            raise InputError(f"input {name!r} must be {spec['dtype']}, got {array.dtype}")
+        if array.ndim != len(spec["dims"]):
+            raise InputError(f"input {name!r} must have rank {len(spec['dims'])} {spec['dims']}, "
+                             f"got shape {list(array.shape)}")
+        for axis, (dim, size) in enumerate(zip(spec["dims"], array.shape)):
+            if isinstance(dim, int):
+                if size != dim:
+                    raise InputError(f"input {name!r} axis {axis} must be {dim}, got {size} "
+                                     f"(shape {list(array.shape)}, expected {spec['dims']})")
+                continue
+            lo, hi = bounds.get(dim, {}).get("min", 1), bounds.get(dim, {}).get("max")
+            if size < lo or (hi is not None and size > hi):
+                raise InputError(f"input {name!r} axis {axis} ({dim}) is {size}; this bundle accepts "
+                                 f"{dim} in {lo}..{hi}{' ' + bounds[dim]['why'] if 'why' in bounds.get(dim, {}) else ''}")
+            if bound_values.setdefault(dim, size) != size:
+                raise InputError(f"dim {dim!r} is {bound_values[dim]} in one input and {size} in "
+                                 f"input {name!r}; they must agree")
+    beyond = dim_sum_error(manifest, bound_values)
+    if beyond:
+        raise InputError(beyond)
+    for name, limit in manifest.get("value_limits", {}).items():
+        values = inputs[name]
+        if values.size and (values.min() < limit["min"] or values.max() > limit["max"]):
+            raise InputError(f"input {name!r} values must lie in {limit['min']}..{limit['max']} "
+                             f"({limit['why']}); got {values.min()}..{values.max()}")
+
+
+def _outputs(result, names: list[str]) -> dict[str, np.ndarray]:
+    values = [result] if hasattr(result, "numpy") else list(result)
+    if len(values) != len(names):
+        raise BundleError(f"the module returned {len(values)} outputs, the manifest names {names}")
+    return {name: value.numpy() for name, value in zip(names, values)}
+
+
+class LocalRunner:
+    """A bundle's model.so loaded into a Relax VM on this machine."""
+
+    def __init__(self, bundle: Bundle):
+        import tvm
+        from tvm import relax
+        device_kind = bundle.manifest["target"]["device"]
+        host = bundle.manifest["target"].get("host_arch")
+        if host and host != platform.machine():
+            raise BundleError(f"bundle {bundle.path} was built for {host} ({bundle.target} target); "
+                              f"this machine is {platform.machine()}. Run it on the board: "
+                              f"`portable-pe deploy {bundle.path} --rpc HOST:PORT`")
+        self.device = tvm.device(device_kind, 0)
+        if not self.device.exist:
+            raise BundleError(f"bundle {bundle.path} needs a {device_kind} device, none is present here")
+        self.manifest = bundle.manifest
+        self.vm = relax.VirtualMachine(tvm.runtime.load_module(str(bundle.file("model.so"))), self.device)
+        self._tensor = lambda a: tvm.runtime.tensor(a, device=self.device)
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        check_inputs(self.manifest, inputs)
+        args = [self._tensor(np.ascontiguousarray(inputs[spec["name"]])) for spec in self.manifest["inputs"]]
+        return _outputs(self.vm[entry_for(self.manifest, inputs)](*args), [o["name"] for o in self.manifest["outputs"]])
+
+
+def entry_for(manifest: dict, inputs: dict[str, np.ndarray]) -> str:
+    """`main`, or the tuned static entry whose (batch, seq) the inputs match exactly."""
+    sizes = {}
+    for spec in manifest["inputs"]:
+        for dim, size in zip(spec["dims"], inputs[spec["name"]].shape):
+            if isinstance(dim, str):
+                sizes[manifest["dims"][dim]["role"]] = size
+    for entry in manifest.get("tuning", {}).get("specializations", []):
+        if all(sizes.get(role, entry[role]) == entry[role] for role in ROLES):
+            return entry["function"]
+    return "main"
+
+
+def run_local(bundle: Bundle, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return LocalRunner(bundle).run(inputs)

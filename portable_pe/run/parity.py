@@ -1,0 +1,235 @@
+"""The parity harness: one way to make inputs, one tolerance table, one comparison.
+
+The reference is PyTorch eager (rebuilt from the bundle's graph spec) or, for a graph
+that came as a foreign ONNX file, onnxruntime on that graph. Candidates are onnxruntime
+and the compiled TVM artifact. Each output is checked for shape and dtype before values.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+
+import numpy as np
+
+from ..spec.io_names import BATCH, HIDDEN, POSITIONS, SEQ, X, dim_roles, dim_sum_error, is_position_input
+
+#: absolute and relative (to the reference's largest magnitude) error allowed, by dtype.
+#: A result passes when max_abs <= atol + rtol * max|ref| and cosine >= min_cosine.
+TOLERANCES = {
+    "float32": {"atol": 1e-4, "rtol": 1e-4, "min_cosine": 0.9999},
+    "float16": {"atol": 2e-2, "rtol": 1e-2, "min_cosine": 0.999},
+    # int8-quantized graphs (npu): judged mainly by cosine; max abs within 10% of max|ref|
+    "int8": {"atol": 0.0, "rtol": 0.1, "min_cosine": 0.99},
+    # float32 graphs whose stored position tables are int8 rows (--pe-tables int8): each
+    # table entry is off by up to half a step (max|row|/254), about 0.4% of the table
+    "int8_tables": {"atol": 0.0, "rtol": 1e-2, "min_cosine": 0.9999},
+    # --precision int8 (CPU): the constant-weight matmuls in int8, the rest float32;
+    # calibrated on lengths 1..512, every shipped graph measured at cosine >= 0.9998
+    "int8_linear": {"atol": 0.0, "rtol": 0.05, "min_cosine": 0.999},
+    # a float32 graph a peer engine computes in bf16 (OpenVINO's CPU default where the CPU
+    # has bf16): 8 mantissa bits, so about 0.4% of the output's magnitude per rounding
+    "bf16_compute": {"atol": 0.0, "rtol": 5e-2, "min_cosine": 0.999},
+}
+DEFAULT_LENGTHS = (1, 7, 128, 300)
+
+
+def tolerance_for(dtype: str, overrides: dict | None = None) -> dict:
+    if dtype not in TOLERANCES:
+        raise ValueError(f"no tolerance for dtype {dtype!r}; known: {', '.join(TOLERANCES)}")
+    return {**TOLERANCES[dtype], **(overrides or {}).get(dtype, {})}
+
+
+def make_inputs(input_specs: list[dict], *, length: int, batch: int = 1, seed: int = 0,
+                dim_roles: dict[str, str] | None = None) -> dict[str, np.ndarray]:
+    """Seeded inputs: symbolic 'seq' dims take `length`, 'batch' dims take `batch`.
+
+    Float inputs are standard normal; position inputs count 0..T-1; masks are ones;
+    other integer inputs (token ids) are drawn below the input's declared limit.
+    """
+    rng = np.random.default_rng(seed)
+    roles = dim_roles or {}
+    arrays = {}
+    for spec in input_specs:
+        shape = [d if isinstance(d, int) else (batch if roles.get(d) == BATCH else length)
+                 for d in spec["dims"]]
+        name, dtype = spec["name"], np.dtype(spec["dtype"])
+        if dtype.kind == "f":
+            arrays[spec["name"]] = rng.standard_normal(shape).astype(dtype)
+        elif is_position_input(name):
+            arrays[spec["name"]] = np.broadcast_to(np.arange(shape[-1] if shape else 1), shape).astype(dtype).copy()
+        elif "mask" in name.lower():
+            arrays[spec["name"]] = np.ones(shape, dtype)
+        else:
+            high = spec.get("high", 2)
+            arrays[spec["name"]] = rng.integers(0, high, shape).astype(dtype)
+    return arrays
+
+
+@dataclass
+class Comparison:
+    candidate: str
+    length: int
+    output: str
+    shape: list
+    max_abs: float
+    max_rel: float
+    cosine: float
+    ok: bool
+    why: str = ""
+    gating: bool = True  # False: shown side by side, but the report's verdict ignores it
+
+
+def compare(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray], *,
+            name: str, length: int, tolerance_overrides: dict | None = None) -> list[Comparison]:
+    rows = []
+    for out, ref in reference.items():
+        got = candidate.get(out)
+        if got is None:
+            rows.append(Comparison(name, length, out, list(ref.shape), np.inf, np.inf, 0.0, False, "missing output"))
+            continue
+        if got.shape != ref.shape or got.dtype != ref.dtype:
+            rows.append(Comparison(name, length, out, list(got.shape), np.inf, np.inf, 0.0, False,
+                                   f"got {got.dtype}{list(got.shape)}, expected {ref.dtype}{list(ref.shape)}"))
+            continue
+        tol = tolerance_for(str(ref.dtype), tolerance_overrides)
+        r, g = ref.astype(np.float64).ravel(), got.astype(np.float64).ravel()
+        scale = float(np.max(np.abs(r))) if r.size else 0.0
+        max_abs = float(np.max(np.abs(r - g))) if r.size else 0.0
+        denom = float(np.linalg.norm(r) * np.linalg.norm(g))
+        cosine = float(r @ g / denom) if denom else float(max_abs == 0.0)
+        ok = bool(np.all(np.isfinite(g)) and max_abs <= tol["atol"] + tol["rtol"] * scale
+                  and cosine >= tol["min_cosine"])
+        why = "" if ok else f"atol {tol['atol']:g} + rtol {tol['rtol']:g}*{scale:.3g}, min cosine {tol['min_cosine']}"
+        rows.append(Comparison(name, length, out, list(ref.shape), max_abs,
+                               max_abs / scale if scale else max_abs, cosine, ok, why))
+    return rows
+
+
+@dataclass
+class ParityReport:
+    graph: str
+    target: str
+    reference: str
+    rows: list[Comparison] = field(default_factory=list)
+    #: why the compiled artifact did not run here (a board's or a GPU's bundle): the
+    #: verdict is then UNVERIFIED, never PASS, whatever onnxruntime's rows say
+    unverified: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """Nothing that decides the verdict failed (PASS, or UNVERIFIED with passing rows);
+        peer rows (onnxruntime on an int8 graph) are shown but never decide it."""
+        gating = [r for r in self.rows if r.gating]
+        return (bool(gating) or bool(self.unverified)) and all(r.ok for r in gating)
+
+    @property
+    def verdict(self) -> str:
+        return "FAIL" if not self.ok else "UNVERIFIED" if self.unverified else "PASS"
+
+    def worst(self, candidate: str) -> float:
+        return max((r.max_abs for r in self.rows if r.candidate == candidate), default=float("nan"))
+
+    def to_json(self) -> str:
+        return json.dumps({"graph": self.graph, "target": self.target, "reference": self.reference,
+                           "ok": self.ok, "verdict": self.verdict, "unverified": self.unverified,
+                           "rows": [asdict(r) for r in self.rows]}, indent=2)
+
+    def to_markdown(self) -> str:
+        lines = [f"### parity: {self.graph} on {self.target} (reference: {self.reference})", "",
+                 "| candidate | T | output | shape | max abs | max rel | cosine | result |",
+                 "|---|---:|---|---|---:|---:|---:|---|"]
+        for r in self.rows:
+            lines.append(f"| {r.candidate} | {r.length} | {r.output} | {'x'.join(map(str, r.shape))} | "
+                         f"{r.max_abs:.2e} | {r.max_rel:.2e} | {r.cosine:.6f} | "
+                         f"{'ok' if r.ok else 'FAIL (' + r.why + ')'}{'' if r.gating else ' (peer, not gating)'} |")
+        lines += ["", f"**{self.verdict}**"]
+        if self.unverified:
+            lines[-1] += (f" (the compiled model did not run here: {self.unverified}. "
+                          f"{'Only onnxruntime was compared; ' if self.rows else ''}"
+                          "run the bundle where it can run, e.g. `portable-pe deploy`)")
+        return "\n".join(lines)
+
+
+def usable_lengths(manifest: dict, lengths) -> list[int]:
+    """The requested lengths the bundle accepts; a static graph has its one length."""
+    seq = [info for info in manifest.get("dims", {}).values() if info.get("role") == SEQ]
+    if not seq:
+        return [manifest.get("static_length", 0)]
+    lo, hi = max(i["min"] for i in seq), min(i["max"] for i in seq)
+    seq_dims = [d for d, i in manifest.get("dims", {}).items() if i.get("role") == SEQ]
+    # every seq dim at n (a KV cache's past too): a bound on their sum may refuse n
+    return [n for n in lengths if lo <= n <= hi and not dim_sum_error(manifest, dict.fromkeys(seq_dims, n))]
+
+
+def check_request(manifest: dict, *, lengths, batch: int = 1) -> None:
+    """Refuse sequence lengths or a batch the bundle cannot take, naming its bounds."""
+    bad = sorted(set(lengths) - set(usable_lengths(manifest, lengths)))
+    if bad:
+        seq = [f"{info['min']}..{info['max']}" for info in manifest.get("dims", {}).values() if info["role"] == SEQ]
+        accepts = f"lengths in {seq[0]}" if seq else f"only its static length {manifest.get('static_length')}"
+        raise ValueError(f"--lengths {','.join(map(str, bad))}: this bundle accepts {accepts}")
+    batches = [info for info in manifest.get("dims", {}).values() if info["role"] == BATCH]
+    top = batches[0]["max"] if batches else 1
+    if not 1 <= batch <= top:
+        raise ValueError(f"--batch {batch}: this bundle accepts batch sizes 1..{top}")
+
+
+def torch_reference(spec_dict: dict):
+    """PyTorch eager as a callable on named numpy inputs (the encoder rebuilt from its spec)."""
+    import torch
+    from ..spec.graphs import GraphSpec
+    model = GraphSpec.from_dict(spec_dict, source="bundle manifest").build()
+
+    def run(inputs):
+        feeds = {k: torch.from_numpy(v) for k, v in inputs.items()}
+        if POSITIONS not in feeds:  # an NPU graph has positions folded in as arange(T)
+            feeds[POSITIONS] = torch.arange(feeds[X].shape[1])
+        with torch.no_grad():
+            out = model(**feeds)
+        return {HIDDEN: out.numpy()}
+    return run
+
+
+def onnxruntime_runner(onnx_path, output_names: list[str]):
+    import onnx
+    from ..compile.simplify import ort_session
+    session = ort_session(onnx.load(str(onnx_path)))
+    return lambda inputs: dict(zip(output_names, session.run(output_names, inputs)))
+
+
+def check_bundle(bundle, *, lengths=DEFAULT_LENGTHS, batch: int = 1, seed: int = 0,
+                 tvm_runner=None, candidates=("onnxruntime", "tvm"), extra_runners: dict | None = None) -> ParityReport:
+    """Compare the bundle (and onnxruntime on its ONNX) with the reference at each length.
+
+    `tvm_runner` runs the compiled module (default: load it here); deploy passes one
+    that runs on a board over RPC. `extra_runners` adds candidates by name (e.g. a vendor
+    NPU simulator, npu/simulator.py).
+    """
+    from .local import LocalRunner
+    manifest = bundle.manifest
+    outputs = [o["name"] for o in manifest["outputs"]]
+    ref_source = manifest["reference"]["source"]
+    ref_model = manifest["reference"].get("model", "model.onnx")  # foreign npu bundles: the float graph
+    if ref_source == "torch":
+        reference = torch_reference(manifest["graph"]["spec"])
+    else:
+        reference = onnxruntime_runner(bundle.file(ref_model), outputs)
+    runners = {"onnxruntime": lambda: onnxruntime_runner(bundle.file("model.onnx"), outputs),
+               "tvm": lambda: tvm_runner or LocalRunner(bundle).run}
+    if ref_source == "onnxruntime" and ref_model == "model.onnx":  # onnxruntime vs itself proves nothing
+        candidates = [c for c in candidates if c != "onnxruntime"]
+    active = {**{name: runners[name]() for name in candidates}, **(extra_runners or {})}
+    # An int8 bundle's model.onnx is its quantized graph: onnxruntime's int8 kernels run it
+    # side by side, as the peer an int8 user would compare with, without deciding the verdict
+    # (its x86 U8S8 kernels round on CPUs without VNNI, see cpu_schedule/int8_isa.py).
+    peers = {"onnxruntime"} if manifest.get("precision", "fp32") != "fp32" else set()
+    report = ParityReport(bundle.name, bundle.target, ref_source)
+    roles = dim_roles(manifest)
+    for length in usable_lengths(manifest, lengths):
+        inputs = make_inputs(manifest["inputs"], length=length, batch=batch, seed=seed, dim_roles=roles)
+        expected = reference(inputs)
+        for name, run in active.items():
+            rows = compare(expected, run(inputs), name=name, length=length, tolerance_overrides=manifest.get("tolerance"))
+            report.rows += [replace(r, gating=name not in peers) for r in rows]
+    return report
