@@ -62,8 +62,10 @@ def default_tvm_threads() -> None:
     per core, and runtime.config_threadpool cannot grow the pool afterwards. On a 2-core
     VM without SMT (this project's CI machines) that is one thread: a Llama-style export
     ran in 4.7 ms on it and 2.7 ms on two. The pool reads the variable when it is
-    created, at the first parallel kernel, so this runs when portable_pe is imported.
-    A cgroup CPU quota (``docker --cpus``) lowers the count further."""
+    created, at the first parallel kernel, so portable_pe calls this where it first runs
+    TVM code (compile_graph and prepare, LocalRunner), not when it is imported: importing
+    the package leaves the environment alone. A cgroup CPU quota (``docker --cpus``)
+    lowers the count further."""
     if "TVM_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in os.environ:
         # a container limited to fewer CPUs than it sees: more threads than its quota
         # only queue behind each other (and a parallel kernel waits for the slowest)

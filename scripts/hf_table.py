@@ -226,6 +226,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("scripts/results/hf"))
     parser.add_argument("--work", type=Path, help="folder for the exports and bundles (default: a temporary one)")
     args = parser.parse_args()
+    from portable_pe.threads import default_tvm_threads
+    default_tvm_threads()  # the raw TVM builds share the process's pool with portable-pe's
     import torch
     import transformers
     archs, exports = args.archs.split(","), args.exports.split(",")

@@ -5,10 +5,11 @@
     python scripts/npu_rknn_table.py --foreign             # also two Hugging Face encoders
     python scripts/npu_rknn_table.py --compare-qdq         # also: our QDQ graph vs float + calibration
 
-Each cell runs the compile pipeline's own stages (compile.prepare: load, export, simplify,
-legalize for `--target npu --profile rknpu2`, then the reference and vendor stages), so
-the numbers are the ones `portable-pe compile` records; only the TVM host build, which
-the vendor does not use, is left out. Needs `bash scripts/npu_toolchain.sh rknn`.
+Each cell runs the compile pipeline's own stages (compile.pipeline.prepare through the
+vendor stage: load, export, simplify, legalize for `--target npu --profile rknpu2`,
+reference, vendor), so the numbers are the ones `portable-pe compile` records; only the
+TVM host build, which the vendor does not use, is left out. A cell's numbers are
+npu/rknn_stage.py's summary(), as the guide's RKNN column's are. Needs `bash scripts/npu_toolchain.sh rknn`.
 Writes a Markdown table and the raw rows as JSON (--out, default dist/npu-rknn-table).
 """
 
@@ -30,50 +31,47 @@ GOAL_COSINE = {"fp16": 0.999, "int8": 0.99}
 def cell(source: str, *, seq_len: int, dtype: str, soc: str, shapes: dict | None = None,
          vendor_input: str = "float") -> dict:
     """One vendor build through the pipeline's stages; the row's numbers and the CPU ops."""
-    from portable_pe.compile.pipeline import prepare, stage_reference, stage_vendor
-    options = {"profile": "rknpu2", "seq_len": seq_len, "npu_dtype": dtype, "soc": soc, "vendor_build": "require"}
+    from portable_pe.compile.pipeline import prepare
+    from portable_pe.npu.rknn_stage import summary
+    options = {"profile": "rknpu2", "seq_len": seq_len, "npu_dtype": dtype, "soc": soc,
+               "vendor_build": "skip" if vendor_input == "qdq" else "require"}
     t = time.perf_counter()
-    st = prepare(source, target="npu", target_options=options, shapes=shapes, log=lambda m: None)
-    stage_reference(st)
+    st = prepare(source, target="npu", target_options=options, shapes=shapes, through="vendor", host_build=False,
+                 log=lambda m: None)
     if vendor_input == "qdq":
         return _qdq_cell(st, seq_len=seq_len, soc=soc)
-    stage_vendor(st)
-    vendor = st.target_report["vendor"]
-    (sim,) = vendor["simulator"].values()
-    placed = vendor["placement"]
+    s = summary(st.report["vendor"])
     return {"graph": st.name, "T": seq_len, "dtype": dtype, "soc": soc, "input": "float + calibration",
-            "npu_ops": placed["ops_npu"], "cpu_ops": placed["ops_cpu"],
+            "npu_ops": s["ops_npu"], "cpu_ops": s["ops_cpu"],
             "cpu": [f"{o['op']} {o['name']} {o['input_shape']} ({o['rw_kb']:g} KB through CPU memory): {o['why'][0]}"
-                    for o in placed["cpu_ops"]], "npu_cycles": placed["npu_cycles"],
-            "cosine": sim["cosine"], "max_abs": sim["max_abs"], "rknn_bytes": vendor["rknn_bytes"],
-            "build_s": vendor["timings_s"]["build_s"], "cell_s": round(time.perf_counter() - t, 1),
-            "disagreements": vendor["agreement"]["disagreements"],
-            "onnxruntime_vendor_graph": st.target_report["npu"]["accuracy"].get("onnxruntime_vendor_graph")}
+                    for o in s["cpu_ops"]], "npu_cycles": s["npu_cycles"],
+            "cosine": s["cosine"], "max_abs": s["max_abs"], "rknn_bytes": s["rknn_bytes"],
+            "build_s": s["build_s"], "cell_s": round(time.perf_counter() - t, 1), "disagreements": s["disagreements"],
+            "onnxruntime_vendor_graph": st.report["npu"]["accuracy"].get("onnxruntime_vendor_graph")}
 
 
 def _qdq_cell(st, *, seq_len: int, soc: str) -> dict:
     """Our QDQ int8 graph (the bundle's model.onnx) handed to RKNN as a pre-quantized model
     (do_quantization=False; RKNN's default optimization level 3 segfaults on it, 2 builds)."""
-    import numpy as np
+    from portable_pe.backends.npu import accuracy
+    from portable_pe.bundle.reference import find_case
     from portable_pe.npu import rknn
-    from portable_pe.npu.vendor import VendorError
+    from portable_pe.npu.toolchain import VendorError
     n = seq_len
-    inputs = {i["name"]: st.reference[f"T{n}/in/{i['name']}"] for i in st.io["inputs"]}
+    case = find_case(st.reference, n)
     row = {"graph": st.name, "T": n, "dtype": "int8", "soc": soc, "input": "our QDQ graph"}
     for level in (3, 2):
         try:
             built = rknn.build(rknn.vendor_graph(st.model), soc=soc, dtype="fp16", calibration=[],
-                               simulate=[inputs], config={"optimization_level": level}, log=lambda m: None)
+                               simulate=[case.inputs], config={"optimization_level": level}, log=lambda m: None)
         except VendorError as err:
             row[f"level {level}"] = str(err).splitlines()[0]
             continue
         (name, got), = built.outputs[0].items()
-        ref = st.reference[f"T{n}/out/{name}"].astype(np.float64).ravel()
-        g = got.astype(np.float64).ravel()
+        acc = accuracy(case.outputs[name], got)
         placed = built.report["placement"]
         return {**row, "optimization_level": level, "npu_ops": placed["ops_npu"], "cpu_ops": placed["ops_cpu"],
-                "cosine": float(ref @ g / np.linalg.norm(ref) / np.linalg.norm(g)),
-                "max_abs": float(np.abs(ref - g).max()), "rknn_bytes": built.report["rknn_bytes"],
+                "cosine": acc["cosine"], "max_abs": acc["max_abs"], "rknn_bytes": built.report["rknn_bytes"],
                 "build_s": built.report["timings_s"]["build_s"]}
     return row
 

@@ -8,7 +8,7 @@
 #   scripts/toolchains/NAME.sh DEST
 # and must build DEST/venv (a virtualenv with the vendor's tools) and nothing outside DEST.
 # When it succeeds this script writes DEST/ready, which portable-pe looks for
-# (portable_pe/npu/vendor.py). DEST is ${PORTABLE_PE_TOOLCHAIN_DIR:-~/.cache/portable-pe/toolchains}/NAME.
+# (portable_pe/npu/toolchain.py). DEST is ${PORTABLE_PE_TOOLCHAIN_DIR:-~/.cache/portable-pe/toolchains}/NAME.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 BASE="${PORTABLE_PE_TOOLCHAIN_DIR:-$HOME/.cache/portable-pe/toolchains}"

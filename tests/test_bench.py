@@ -90,7 +90,8 @@ def test_engines_are_timed_in_alternating_blocks():
 @pytest.mark.parametrize("pool,spin", [("default", True), ("passive", False)])
 def test_onnxruntime_pool_mode(tiny_bundle, monkeypatch, pool, spin):
     """The default mode runs onnxruntime as its users do (spinning pool); passive turns spinning off."""
-    from portable_pe.bench import engines as bench_engines; from portable_pe.compile import simplify
+    from portable_pe.bench import engines as bench_engines
+    from portable_pe.compile import simplify
     seen = {}
     real = simplify.ort_session
     monkeypatch.setattr(simplify, "ort_session", lambda model, **kw: seen.update(kw) or real(model, **kw))

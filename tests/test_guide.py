@@ -13,7 +13,9 @@ import pytest
 
 from portable_pe.guide import GUIDE_TARGETS, render_from, resolve_graphs, run_guide
 from portable_pe.guide.claims import CLAIMS, evaluate
-from portable_pe.guide.npu import NPU_VENDORS, REPORT_KEYS, NpuJob, NpuVendor, npu_report, run_vendor
+from portable_pe.guide.npu import run_vendor
+from portable_pe.npu.report import REPORT_KEYS, NpuJob, npu_report
+from portable_pe.npu.vendors import VENDORS, Vendor
 from portable_pe.guide.report import fmt_ms, fmt_pct, render
 from portable_pe.spec.graphs import load_graph
 
@@ -108,38 +110,45 @@ def test_graphs_of_different_models_are_refused():
 
 
 def test_cli_choices_come_from_the_registries():
-    assert list(GUIDE_TARGETS) == ["llvm", *(f"npu-{v}" for v in NPU_VENDORS)]
+    assert list(GUIDE_TARGETS) == ["llvm", *(f"npu-{v}" for v in VENDORS)]
     proc = subprocess.run([sys.executable, "-m", "portable_pe", "guide", "--targets", "llvm,npu-nope"],
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 2 and f"valid: {', '.join(GUIDE_TARGETS)}" in proc.stderr and "npu-rknn" in proc.stderr
-    for vendor in NPU_VENDORS.values():
-        assert (ROOT / "scripts" / "toolchains" / f"{vendor.toolchain}.sh").is_file()
+    for vendor in VENDORS.values():
+        assert (ROOT / "scripts" / "toolchains" / f"{vendor.name}.sh").is_file()
 
 
 # ----------------------------------------------------------------------------- NPU columns
-def _fake_vendor(times: dict[str, float], keys_ok: bool = True):
-    def run(jobs, *, columns, work_dir, log):
+def _fake_vendor(monkeypatch, times: dict[str, float], keys_ok: bool = True):
+    """A vendor "fake" in the registry whose module (in sys.modules) fills column "c"."""
+    import types
+    from portable_pe.npu.vendor_hooks import VendorHooks
+
+    def guide(jobs, *, columns, work_dir, log, prepare):
         rows = [npu_report(column="c", job=j, ok=True, time_ms=times[j.spec.name] * j.seq_len, ops_npu=3, ops_cpu=0)
                 for j in jobs]
         if not keys_ok:
             rows[0]["extra"] = 1
         return {"c": rows}
-    return NpuVendor(columns=("c",), toolchain="fake", run=run)
+    module = types.ModuleType("fake_vendor")
+    module.HOOKS = VendorHooks(prefix="fake/", build=None, guide=guide, describe=str)
+    monkeypatch.setitem(sys.modules, "fake_vendor", module)
+    monkeypatch.setitem(VENDORS, "fake", Vendor("fake", "a fake vendor", ("c",), "fake_vendor"))
 
 
 def test_npu_column_contract_and_position_work(monkeypatch, tmp_path):
     from portable_pe.guide import _add_position_work
-    from portable_pe.npu import vendor
-    monkeypatch.setattr(vendor, "toolchain_python", lambda name: Path(sys.executable))
+    from portable_pe.npu import toolchain
+    monkeypatch.setattr(toolchain, "toolchain_python", lambda name: Path(sys.executable))
     specs = [load_graph(str(TINY / f"tiny_{n}.toml")) for n in ("none", "rope")]
     jobs = [NpuJob(s, n) for s in specs for n in (16, 32)]
-    monkeypatch.setitem(NPU_VENDORS, "fake", _fake_vendor({"tiny_none": 1.0, "tiny_rope": 1.25}))
+    _fake_vendor(monkeypatch, {"tiny_none": 1.0, "tiny_rope": 1.25})
     got = run_vendor("fake", jobs, work_dir=tmp_path, log=lambda m: None)
     assert got["ran"] and all(set(r) == set(REPORT_KEYS) for r in got["reports"]["c"])
     _add_position_work(got, "tiny_none")
     rope32 = next(r for r in got["reports"]["c"] if r["graph"] == "tiny_rope" and r["seq_len"] == 32)
     assert rope32["position_ms"] == pytest.approx(1.25 * 32 - 32) and rope32["position_share"] == pytest.approx(0.2)
-    monkeypatch.setitem(NPU_VENDORS, "fake", _fake_vendor({"tiny_none": 1.0, "tiny_rope": 1.0}, keys_ok=False))
+    _fake_vendor(monkeypatch, {"tiny_none": 1.0, "tiny_rope": 1.0}, keys_ok=False)
     with pytest.raises(RuntimeError, match="npu_report"):
         run_vendor("fake", jobs, work_dir=tmp_path, log=lambda m: None)
 

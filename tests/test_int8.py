@@ -200,14 +200,15 @@ def test_every_kernel_keeps_its_noalias_compute_function_beside_the_vms_shape_fu
     keeps its `_compute_` function, whatever the order."""
     import tvm
     from portable_pe.backends.llvm import with_reassociation
-    from portable_pe.compile.pipeline import STAGES, CompileState, _run_stages
+    from portable_pe.compile.pipeline import STAGES, run_stages
+    from portable_pe.compile.state import CompileRequest, CompileState
     from portable_pe.cpu_schedule import cpu_pipeline
     from portable_pe.backends.targets import load_target
-    st = CompileState(source=str(Path(__file__).parent / "data" / "guide" / "tiny_sinusoidal.toml"),
-                      target=load_target("llvm"), intermediates=None, shapes={}, target_options={},
-                      log=lambda m: None, precision="int8", use_tuning=False)
-    _run_stages(st, [s for s in STAGES if s[0] in ("target", "load", "export", "simplify", "legalize", "quantize",
-                                                   "import")])
+    st = CompileState(CompileRequest(source=str(Path(__file__).parent / "data" / "guide" / "tiny_sinusoidal.toml"),
+                                     target=load_target("llvm"), precision="int8", use_tuning=False),
+                      log=lambda m: None)
+    run_stages(st, [s for s in STAGES if s[0] in ("target", "load", "export", "simplify", "legalize", "quantize",
+                                                  "import")])
     target = with_reassociation(st.tvm_target)
     with target:
         mod = cpu_pipeline(target)(st.relax)

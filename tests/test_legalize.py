@@ -672,10 +672,10 @@ def test_max_of_dims_reaches_tvm_as_a_dim_value():
 
 
 def test_a_bound_on_a_sum_narrows_each_dim_and_the_runtime_refuses_beyond():
-    from portable_pe.spec.io_names import apply_dim_bounds, dim_sum_error
+    from portable_pe.spec.dims import DimBound, apply_dim_bounds, dim_sum_error
     io = {"dims": {"T": {"role": "seq", "min": 1, "max": 4096},
                    "past": {"role": "seq", "min": 0, "max": 4096, "past": True}}}
-    assert apply_dim_bounds(io, {"T + past": 1024})
+    assert apply_dim_bounds(io, [DimBound({"T": 1, "past": 1}, 1024)])
     assert io["dims"]["T"]["max"] == 1024 and io["dims"]["past"]["max"] == 1023
     assert dim_sum_error(io, {"T": 600, "past": 424}) is None
     assert "T + past is 1025; this bundle accepts at most 1024" in dim_sum_error(io, {"T": 600, "past": 425})

@@ -1,4 +1,4 @@
-"""The vendor-toolchain runner (npu/vendor.py): a worker in another interpreter, a file
+"""The vendor-toolchain runner (npu/toolchain.py): a worker in another interpreter, a file
 contract, and one clear error whatever way the worker fails. This interpreter stands in
 for a toolchain's virtualenv; the workers are tiny scripts written by the test."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from portable_pe.npu.vendor import VendorError, missing_message, run_worker, toolchain_python
+from portable_pe.npu.toolchain import VendorError, missing_message, run_worker, toolchain_python
 
 PYTHON = Path(sys.executable)
 

@@ -24,7 +24,7 @@ from portable_pe.npu import rknn
 from portable_pe.npu.agreement import agreement
 from portable_pe.npu.profiles import NodeVerdict, check_model, load_profile
 from portable_pe.npu.rknn_log import layer_table, placement
-from portable_pe.npu.vendor import VendorError, toolchain_python
+from portable_pe.npu.toolchain import VendorError, toolchain_python
 
 DATA = Path(__file__).parent / "data"
 HAVE_RKNN = toolchain_python("rknn") is not None
@@ -238,7 +238,7 @@ def test_tiny_graph_through_rknn_build_and_simulator(bundle_factory, capsys):
 def _state(tmp_path, mode):
     from types import SimpleNamespace
     lines = []
-    return SimpleNamespace(target_report={"npu": {"vendor": "rknn"}}, target_options={"vendor_build": mode},
+    return SimpleNamespace(report={"npu": {"vendor": "rknn"}}, target_options={"vendor_build": mode},
                            log=lines.append), lines
 
 

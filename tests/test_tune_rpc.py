@@ -277,12 +277,9 @@ def test_candidates_are_exported_into_their_own_folder(tmp_path):
     import tvm
     from tvm import te
     from tvm.s_tir import meta_schedule as ms
-    from portable_pe.compile.pipeline import CompileState, stage_target
-    from portable_pe.backends.targets import load_target
+    from portable_pe.compile.pipeline import prepare
     from portable_pe.tune.autotune import _builder
-    st = CompileState(source="", target=load_target("arm"), intermediates=None, shapes={},
-                      target_options={"board": "rasp4b64"}, log=lambda m: None)
-    stage_target(st)
+    st = prepare("", target="arm", target_options={"board": "rasp4b64"}, through="target", log=lambda m: None)
     a = te.placeholder((8,), name="a")
     module = tvm.compile(tvm.IRModule({"main": te.create_prim_func([a, te.compute((8,), lambda i: a[i] + 1.0)])}),
                          target=st.tvm_target)

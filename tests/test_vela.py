@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from portable_pe.spec.graphs import load_graph
-from portable_pe.npu.vela import PROFILE_ACCELERATORS, VelaJob, build_bundle_files, compile_jobs
-from portable_pe.npu.vendor import missing_message, toolchain_python
+from portable_pe.npu.vela import ACCELERATORS, VelaJob, build_bundle_files, compile_jobs
+from portable_pe.npu.toolchain import missing_message, toolchain_python
 from portable_pe.run.parity import TOLERANCES
 
 TINY = Path(__file__).parent / "data" / "guide"
@@ -38,8 +38,10 @@ def test_a_job_that_fails_in_the_worker_carries_its_stage_and_error(tmp_path):
 
 
 def test_every_vela_profile_has_an_accelerator():
-    from portable_pe.npu.profiles import PROFILES
-    assert {p for p in PROFILES if p.startswith("ethos-u")} == set(PROFILE_ACCELERATORS)
+    from portable_pe.npu.profiles import PROFILES, load_profile
+    vela = {name: load_profile(name) for name in PROFILES if load_profile(name).vendor == "ethos-u"}
+    assert set(vela) == {p for p in PROFILES if p.startswith("ethos-u")}
+    assert all(profile.accelerator in ACCELERATORS for profile in vela.values())
 
 
 @needs_toolchain

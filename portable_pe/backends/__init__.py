@@ -1,47 +1,43 @@
-"""Per-target build code. Every backend module has the same functions:
+"""Per-target build code: one Backend record per target kind, every hook declared.
 
-    tvm_target(spec, **options) -> tvm.target.Target
-    relax_pipeline(target)      -> tvm.transform.Pass | str   (for tvm.compile)
-    legalize_onnx(model, state) -> onnx.ModelProto | Legalized (target rewrites before import)
-    export_library(executable, path, *, target_options) -> None   (writes model.so)
+BACKENDS maps a target spec's `backend` (targets/<name>.toml) to the module that defines
+its record, ``BACKEND = Backend(...)``. A hook a target has nothing to do for keeps its
+default, so callers never look a hook up with getattr, and nothing outside a backend
+branches on its kind:
 
-and optionally
-
-    vendor_build(state) -> Staged | None    (a vendor compiler's build, e.g. RKNN for npu)
-    finalize(state)     -> dict | Staged    (checks that need the build and the reference)
+    tvm_target(spec, **options)      -> tvm.target.Target   (options: the target's TOML options)
+    relax_pipeline(target)           -> the Relax pipeline tvm.compile runs
+    legalize_onnx(model, state)      -> Added               target rewrites before the import
+    vendor_build(state)              -> Added               a vendor compiler's build (npu)
+    finalize(state)                  -> Added               checks that need the build
+    export_library(executable, path, *, target_options)     writes model.so
+    precisions                                              what --precision may be; first = default
+    runs_here                                               its code runs on this machine
+    tuning_variant(options, target)  -> str | None          a database per board or arch
+    check_tunable(target)                                   what MetaSchedule needs, or an error
+    fusion_passes(target)            -> list of passes      the kernels tuning extracts
+    build_candidate(mod, target)                            one tuning candidate's build
 
 Backends read the CompileState and never write to it: what they make goes back to the
-stage in compile.py, which records it (Legalized, Staged).
+stage as an Added record (compile/state.py), which the stage list records.
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
 
-BACKENDS = ("llvm", "cuda", "arm", "npu")
+from .backend import Backend, export_here  # noqa: F401 (the record and its default export, for callers)
 
-
-@dataclass
-class Legalized:
-    """legalize_onnx's result beyond the model: the stage records each field it is given."""
-    model: object                      # onnx.ModelProto
-    io: dict | None = None             # inputs/outputs when legalizing changed them (static shapes)
-    tolerance: dict | None = None      # per-dtype tolerance overrides for parity
-    report: dict = field(default_factory=dict)            # manifest sections
-    files: dict[str, bytes] = field(default_factory=dict)  # extra bundle files, by bundle path
-    reference_model: object = None     # foreign ONNX: the float graph the reference runs (not a
-                                       # quantized model.onnx), shipped as reference.onnx
+#: backend name -> the module holding its BACKEND record
+BACKENDS = {
+    "llvm": "portable_pe.backends.llvm",
+    "cuda": "portable_pe.backends.cuda",
+    "arm": "portable_pe.backends.arm",
+    "npu": "portable_pe.backends.npu",
+}
 
 
-@dataclass
-class Staged:
-    """A later stage's result: manifest sections and extra bundle files."""
-    report: dict = field(default_factory=dict)
-    files: dict[str, bytes] = field(default_factory=dict)
-
-
-def get_backend(name: str):
+def get_backend(name: str) -> Backend:
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; valid: {', '.join(BACKENDS)}")
-    return importlib.import_module(f"{__name__}.{name}")
+    return importlib.import_module(BACKENDS[name]).BACKEND

@@ -12,6 +12,7 @@ import shutil
 import tvm
 
 from . import llvm
+from .backend import Backend
 
 #: The cross compiler, overridable (e.g. a clang wrapper, or a toolchain outside PATH).
 CROSS_CXX_ENV = "PORTABLE_PE_AARCH64_CXX"
@@ -28,9 +29,6 @@ def cross_compiler() -> str:
                            f"which is not on PATH; install it with `apt-get install {CROSS_PACKAGE}` "
                            f"(Debian/Ubuntu) or point {CROSS_CXX_ENV} at one")
     return path
-
-
-PRECISIONS = ("fp32", "int8")  # quant.PRECISIONS this backend builds; the first is the default
 
 
 def tvm_target(spec, *, board: str | None = None, num_cores: int | None = None) -> tvm.target.Target:
@@ -71,13 +69,10 @@ def tuning_variant(options: dict, target) -> str:
     return options["board"]
 
 
-def relax_pipeline(target):
-    return llvm.relax_pipeline(target)
-
-
-def legalize_onnx(model, state):
-    return llvm.legalize_onnx(model, state)
-
-
 def export_library(executable, path, *, target_options: dict | None = None) -> None:
     executable.export_library(str(path), fcompile=tvm.support.cc.cross_compiler(cross_compiler()))
+
+
+# The schedules are the host CPU target's, so arm follows whatever llvm does.
+BACKEND = Backend(name="arm", tvm_target=tvm_target, relax_pipeline=llvm.relax_pipeline,
+                  export_library=export_library, precisions=("fp32", "int8"), tuning_variant=tuning_variant)

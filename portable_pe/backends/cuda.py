@@ -11,6 +11,7 @@ import re
 import tvm
 
 from . import llvm
+from .backend import Backend
 
 _ARCH = re.compile(r"sm_\d{2,3}[af]?")
 _KERNEL = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(')
@@ -74,14 +75,6 @@ def _tvm_legalize(target):
     return fuse, dlight
 
 
-def legalize_onnx(model, state):
-    return llvm.legalize_onnx(model, state)
-
-
-def export_library(executable, path, *, target_options: dict | None = None) -> None:
-    executable.export_library(str(path))
-
-
 def cuda_source(executable) -> str:
     """The CUDA C source of every kernel in a built executable (found by module kind, not
     by position in the import tree)."""
@@ -101,14 +94,15 @@ def kernel_names(source: str) -> set[str]:
     return set(_KERNEL.findall(source))
 
 
-def finalize(state) -> dict:
+def finalize(state):
     """Record the kernels in the manifest; with --keep-intermediates dump their CUDA source
     (tests compile that with nvcc, so a broken kernel is caught without a GPU)."""
     import hashlib
+    from ..compile.state import Added
     source = cuda_source(state.executable)
     state.dump("06-kernels.cu", source)
-    return {"cuda": {"arch": str(state.tvm_target.arch), "kernels": sorted(kernel_names(source)),
-                     "source_sha256": hashlib.sha256(source.encode()).hexdigest()}}
+    return Added(report={"cuda": {"arch": str(state.tvm_target.arch), "kernels": sorted(kernel_names(source)),
+                                  "source_sha256": hashlib.sha256(source.encode()).hexdigest()}})
 
 
 def tuning_variant(options: dict, target) -> str:
@@ -137,3 +131,8 @@ def build_candidate(mod, target):
         os.environ["TVM_CUDA_COMPILE_MODE"] = "nvcc"
     with target:
         return tvm.compile(mod, target=target)
+
+
+BACKEND = Backend(name="cuda", tvm_target=tvm_target, relax_pipeline=relax_pipeline, finalize=finalize,
+                  tuning_variant=tuning_variant, check_tunable=check_tunable, fusion_passes=fusion_passes,
+                  build_candidate=build_candidate)

@@ -6,8 +6,7 @@ import os
 
 import tvm
 
-
-PRECISIONS = ("fp32", "int8")  # quant.PRECISIONS this backend builds; the first is the default
+from .backend import Backend
 
 
 def tvm_target(spec, **options) -> tvm.target.Target:
@@ -36,9 +35,6 @@ def relax_pipeline(target):
     return cpu_pipeline(target)
 
 
-def legalize_onnx(model, state):
-    return model
-
-
-def export_library(executable, path, *, target_options: dict | None = None) -> None:
-    executable.export_library(str(path))
+BACKEND = Backend(name="llvm", tvm_target=tvm_target, relax_pipeline=relax_pipeline,
+                  precisions=("fp32", "int8"),  # quant.PRECISIONS it builds; the first is the default
+                  runs_here=True)

@@ -20,7 +20,8 @@ from ..interrupts import deferred
 from .manifest import ManifestError, validate_manifest
 from .paths import MANIFEST, bundle_destination
 
-FORMAT_VERSION = 1
+#: 2: reference.npz is indexed by the manifest's reference.cases (bundle/reference.py)
+FORMAT_VERSION = 2
 
 
 class BundleError(ValueError):

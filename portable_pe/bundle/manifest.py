@@ -41,6 +41,7 @@ class _ListOf:
 
 _NUMBER = (int, float)
 _IO = {"name": str, "dtype": str, "dims": _ListOf((int, str))}
+_CASE = {"length": int, "inputs": _MapOf(str), "outputs": _MapOf(str)}
 _DIM = {"role": _Choice(*ROLES), "min": int, "max": int, "why?": str, "past?": bool}
 SCHEMA = {
     "format_version": int,
@@ -54,7 +55,9 @@ SCHEMA = {
     # a bound on a sum of dims ({"T": 1, "past": 1} <= max: MPT's ALiBi table with a KV cache)
     "dim_sums?": _ListOf({"dims": _MapOf(int), "max": int, "why?": str}),
     "static_length?": int,
-    "reference": {"source": _Choice("torch", "onnxruntime"), "lengths": _ListOf(int)},
+    # reference.npz's records (bundle/reference.py): which array is which input or output
+    "reference": {"source": _Choice("torch", "onnxruntime"), "lengths": _ListOf(int),
+                  "cases": _ListOf(_CASE, non_empty=True)},
     "tolerance": _MapOf({"atol": _NUMBER, "rtol": _NUMBER, "min_cosine": _NUMBER}),
     "versions": _MapOf(str),
     "tuning?": dict,
@@ -94,6 +97,9 @@ def validate_manifest(manifest, *, where: str) -> dict:
     for i, out in enumerate(manifest["outputs"]):
         if out["dtype"] not in manifest["tolerance"]:
             fail(f"`tolerance` has no entry for output {out['name']!r}'s dtype {out['dtype']}")
+    lengths = [case["length"] for case in manifest["reference"]["cases"]]
+    if lengths != manifest["reference"]["lengths"]:
+        fail(f"`reference.cases` are at lengths {lengths}, `reference.lengths` says {manifest['reference']['lengths']}")
     if manifest["graph"]["source"] == "spec" and manifest["graph"]["spec"] is None:
         fail("`graph.spec` is null but `graph.source` is 'spec'")
     return manifest

@@ -3,9 +3,9 @@
     python3 run_on_board.py [BUNDLE_DIR] [--json PATH]     (BUNDLE_DIR: default this file's folder)
 
 Needs only the standard library, numpy and the TVM runtime (TVM_USE_RUNTIME_LIB=1 is
-enough). Verifies the bundle's checksums, loads model.so, runs every length stored in
-reference.npz ("T{n}/in/{name}" -> "T{n}/out/{name}") and compares with the same rule and
-the tolerances the manifest records as portable-pe's parity harness. Exit 0 when every
+enough). Verifies the bundle's checksums, loads model.so, runs every case stored in
+reference.npz (the manifest's reference.cases say which array is which) and compares with
+the same rule and the tolerances the manifest records as portable-pe's parity harness. Exit 0 when every
 output passes, 1 on a mismatch, 2 when the bundle cannot be run here.
 """
 
@@ -39,13 +39,10 @@ def load_manifest(bundle):
     return manifest
 
 
-def reference_cases(npz):
-    """{length: (inputs, outputs)} from reference.npz's "T{n}/in|out/{name}" keys."""
-    cases = {}
-    for key in npz.files:
-        length, kind, name = key.split("/", 2)
-        cases.setdefault(int(length[1:]), ({}, {}))[kind == "out"][name] = npz[key]
-    return dict(sorted(cases.items()))
+def reference_cases(npz, index):
+    """{length: (inputs, outputs)}: the manifest's reference.cases records, read from reference.npz."""
+    return {case["length"]: ({n: npz[k] for n, k in case["inputs"].items()},
+                             {n: npz[k] for n, k in case["outputs"].items()}) for case in index}
 
 
 def compare(ref, got, tol):
@@ -94,7 +91,7 @@ def main(argv=None):
     vm, device = load_vm(bundle, manifest)
     rows = []
     with np.load(bundle / "reference.npz") as npz:
-        cases = reference_cases(npz)
+        cases = reference_cases(npz, manifest["reference"]["cases"])
     for length, (inputs, expected) in cases.items():
         got = run(vm, device, manifest, inputs)
         for name, ref in expected.items():

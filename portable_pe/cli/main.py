@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from .parser import BENCH_ENGINES, BENCH_POOLS, EXPORTER_CHOICES, build_parser  # noqa: F401 (used by tests)
+from .parser import BENCH_ENGINES, BENCH_POOLS, EXPORTER_CHOICES, build_parser, chosen_target_options  # noqa: F401 (tests use the first three)
 
 
 def _print_report(report, json_path: str | None) -> int:
@@ -44,13 +44,9 @@ def cmd_compile(args) -> int:
     from ..run.parity import DEFAULT_LENGTHS, check_bundle, usable_lengths
     print(f"compiling {args.graph} for target {args.target}"
           f"{' -> ' + str(args.out) if args.out is not None else ''}", flush=True)
-    options = {k: v for k, v in (("board", args.board), ("arch", args.arch), ("profile", args.profile),
-                                 ("seq_len", args.seq_len), ("host", args.host), ("npu_dtype", args.npu_dtype),
-                                 ("soc", args.soc), ("vendor_build", args.vendor_build),
-                                 ("num_cores", args.num_cores)) if v is not None}
     bundle = compile_graph(args.graph, target=args.target, out=args.out,
                            keep_intermediates=args.keep_intermediates, shapes=dict(args.shape or []),
-                           target_options=options, pe_tables=args.pe_tables, tuning=not args.no_tuning,
+                           target_options=chosen_target_options(args), pe_tables=args.pe_tables, tuning=not args.no_tuning,
                            exporter=args.exporter, precision=args.precision, force=args.force, log=lambda m: print(m, flush=True))
     lengths = usable_lengths(bundle.manifest, args.lengths or DEFAULT_LENGTHS)
     skipped = sorted(set(args.lengths or ()) - set(lengths))
@@ -92,7 +88,7 @@ def cmd_tune(args) -> int:
         from ..tune.autotune import recheck_graph
         recheck_graph(args.graph, target=args.target, log=lambda m: print(m, flush=True))
         return 0
-    options = {k: v for k, v in (("board", args.board), ("arch", args.arch), ("num_cores", args.num_cores)) if v}
+    options = chosen_target_options(args)
     check_tunable(args.target, options)  # in a second, before the tracker and the export
     runner = None
     if args.rpc_tracker:
@@ -190,7 +186,7 @@ def _print_shape_following(model) -> None:
 
 def cmd_inspect(args) -> int:
     from ..bundle.artifact import load_bundle
-    from ..spec.io_names import bound_key
+    from ..spec.dims import DimBound
     if Path(args.bundle).suffix == ".onnx":
         return inspect_onnx(Path(args.bundle))
     bundle = load_bundle(args.bundle)
@@ -203,21 +199,15 @@ def cmd_inspect(args) -> int:
             print(f"  {kind[:-1]:6} {io['name']}: {io['dtype']}[{', '.join(map(str, io['dims']))}]")
     for dim, info in m.get("dims", {}).items():
         print(f"  dim {dim} ({info['role']}): {info['min']}..{info['max']} {info.get('why', '')}")
-    for limit in m.get("dim_sums", []):
-        print(f"  dims {bound_key(limit['dims'])} <= {limit['max']} {limit.get('why', '')}")
+    for bound in map(DimBound.from_json, m.get("dim_sums", [])):
+        print(f"  dims {bound.text} <= {bound.max} {bound.why}")
     print(f"  simplify: {m['simplify'].get('nodes_before')} -> {m['simplify'].get('nodes_after')} nodes")
     print(f"  reference: {m['reference']['source']} at T={m['reference']['lengths']}")
     print(f"  versions: {m['versions']}")
     if m.get("vendor"):
+        from ..npu.vendors import vendor_hooks
         v = m["vendor"]
-        if not v.get("built"):
-            print(f"  vendor: {v.get('toolkit', v['name'])} no build ({v.get('why')})")
-        elif "placement" in v:  # RKNN-Toolkit2
-            print(f"  vendor: {v.get('toolkit', v['name'])} {v['soc']} {v['dtype']}: {v['placement']['ops_npu']} "
-                  f"op(s) on the NPU, {v['placement']['ops_cpu']} on the CPU")
-        else:  # Vela (Ethos-U)
-            print(f"  vendor: Vela {v.get('versions', {}).get('ethos-u-vela', '?')} {v['accelerator']}: "
-                  f"{v['npu_ops']} op(s) on the NPU, {v['cpu_ops']} on the CPU, estimate {v['inference_ms']:.3f} ms")
+        print(f"  vendor: {vendor_hooks(v['name']).describe(v) if v.get('built') else v['name'] + ' no build (' + str(v.get('why')) + ')'}")
     print("  files: " + ", ".join(f"{n} (sha256 {h[:12]})" for n, h in m["files"].items()) + " [verified]")
     return 0
 

@@ -78,10 +78,39 @@ def _shape(text: str) -> tuple[str, list[int]]:
     return name, sizes
 
 
-def _option_choices(option: str) -> list[str]:
-    """The values targets/*.toml declare for a compile option (e.g. every target's boards)."""
+def target_options(command: str) -> dict[str, tuple[list[str], dict]]:
+    """{option: (the targets that declare it, its declaration)} for the target options
+    `command` takes: each targets/<name>.toml [options.NAME] table, declared there once
+    (help, default, choices, type/range/metavar, commands; commands default ["compile"])."""
     from ..backends.targets import TARGETS, load_target
-    return [c for name in TARGETS for c in load_target(name).options.get(option, {}).get("choices", {})]
+    declared: dict[str, tuple[list[str], dict]] = {}
+    for target in TARGETS:
+        for name, option in load_target(target).options.items():
+            if command in option.get("commands", ["compile"]):
+                targets, first = declared.setdefault(name, ([], dict(option)))
+                targets.append(target)
+                if option is not first and "choices" in option:  # two targets' values, one flag
+                    first["choices"] = {**first.get("choices", {}), **option["choices"]}
+    return declared
+
+
+def chosen_target_options(args) -> dict:
+    """The target options given on the command line ({name: value}; the rest stay unset,
+    so the target's defaults apply)."""
+    return {name: getattr(args, name) for name in target_options(args.command)
+            if getattr(args, name, None) is not None}
+
+
+def _add_target_options(p: argparse.ArgumentParser, command: str) -> None:
+    for name, (targets, option) in target_options(command).items():
+        kwargs = {"dest": name, "help": f"--target {'/'.join(targets)}: {option.get('help', '')}"}
+        if "choices" in option:
+            kwargs["choices"] = list(option["choices"])
+        if option.get("type") == "int":
+            kwargs["type"] = _int_in(*option.get("range", (1, MAX_SIZE)))
+        if "metavar" in option:
+            kwargs["metavar"] = option["metavar"]
+        p.add_argument("--" + name.replace("_", "-"), **kwargs)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,20 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shape", action="append", type=_shape, metavar="NAME=1x128", help="fix an ONNX input's dims")
     p.add_argument("--lengths", type=_lengths, help="parity sequence lengths (default 1,7,128,300)")
     p.add_argument("--json", metavar="PATH", help="also write the parity report as JSON")
-    p.add_argument("--board", choices=_option_choices("board"), help="--target arm: the board (default generic aarch64)")
-    p.add_argument("--arch", metavar="sm_XY", help="--target cuda: SM arch (default: the local GPU's, else sm_80)")
-    p.add_argument("--profile", metavar="NAME", help="--target npu: NPU profile, targets/npu/NAME.toml (default generic_int8)")
-    p.add_argument("--seq-len", type=_int_in(1, MAX_SIZE), metavar="N",
-                   help="--target npu: the static sequence length (default 128)")
-    p.add_argument("--host", choices=["llvm", "arm"], help="--target npu: host CPU for the TVM build (default llvm)")
-    p.add_argument("--npu-dtype", choices=_option_choices("npu_dtype"), help="--target npu: int8 (default) or fp16")
-    p.add_argument("--soc", metavar="CHIP", help="--target npu: the chip the profile's vendor compiler builds for "
-                                                 "(rknpu2: rk3588 (default), rk3576, rk3568)")
-    p.add_argument("--vendor-build", choices=_option_choices("vendor_build"),
-                   help="--target npu: run the profile's vendor compiler (rknpu2: RKNN-Toolkit2): auto (default: "
-                        "when its toolchain is installed), require, skip")
-    p.add_argument("--num-cores", type=_int_in(1, 1024), metavar="N", help="--target arm: the board's physical cores "
-                                                              "(default: from the board's tag)")
+    _add_target_options(p, "compile")  # --board, --arch, --profile, ...: targets/*.toml [options]
     p.add_argument("--pe-tables", choices=["int8"], help="store position tables as int8 rows with per-row scales")
     p.add_argument("--precision", choices=list(PRECISIONS),
                    help="int8: calibrated int8 matmuls (llvm, arm; npu is always int8); default: the target's")
@@ -146,11 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trials", type=_int_in(1, 100_000), default=64, help="measured candidates per kernel (default 64)")
     p.add_argument("--lengths", type=_lengths, default=[128], help="sequence lengths to tune at (default 128)")
     p.add_argument("--batch", type=_lengths, default=[1], help="batch sizes to tune at (default 1)")
-    p.add_argument("--board", choices=_option_choices("board"), help="--target arm: the board to tune for "
-                                                                     "(its database: targets/tuning/arm/BOARD/)")
-    p.add_argument("--num-cores", type=_int_in(1, 1024), metavar="N", help="--target arm: the board's physical cores "
-                                                              "(default: from the board's tag)")
-    p.add_argument("--arch", metavar="sm_XY", help="--target cuda: SM arch of the GPU(s) behind the tracker")
+    _add_target_options(p, "tune")  # --board, --num-cores, --arch: targets/*.toml [options]
     p.add_argument("--rpc-tracker", metavar="HOST:PORT", help="measure on boards behind a TVM RPC tracker")
     p.add_argument("--rpc-key", help="the boards' key at the tracker (with --rpc-tracker)")
     p.add_argument("--rpc-timeout", type=_seconds(1, 86400), default=120.0, metavar="S",

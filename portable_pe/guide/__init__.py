@@ -5,7 +5,7 @@
                             memory; position work from a per-kernel profile
                 tables.py   fp32 against int8 position tables
                 lengths.py  beyond the export example and past the table: run or refuse
-      -> npu-*  npu.py      each vendor's compiler (NPU_VENDORS): placement, accuracy, time
+      -> npu-*  npu.py      each vendor's compiler (npu/vendors.py): placement, accuracy, time
                             estimate; position work = estimate - the baseline's estimate
       -> claims.py          the article's selection guide, one row per claim, with a verdict
       -> report.py          guide.json (every number), guide.md and PNG plots from it
@@ -24,14 +24,14 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from .npu import NPU_VENDORS
+from ..npu.vendors import VENDORS
 
 DEFAULT_LENGTHS = (128, 512, 2048, 4096)
 DEFAULT_BATCHES = (1, 8)
 BASELINE = "none"
-#: the guide's targets: the host CPU, and one per NPU vendor (npu.NPU_VENDORS)
+#: the guide's targets: the host CPU, and one per NPU vendor (npu/vendors.py VENDORS)
 GUIDE_TARGETS: dict[str, str] = {"llvm": "this CPU through TVM (measured)",
-                                 **{f"npu-{k}": v.description for k, v in NPU_VENDORS.items()}}
+                                 **{f"npu-{k}": v.description for k, v in VENDORS.items()}}
 
 
 def resolve_graphs(names: list[str] | None) -> tuple[dict[str, str], dict, str]:
@@ -109,8 +109,9 @@ def run_guide(*, graphs: list[str] | None = None, targets: tuple[str, ...] = tup
 
 def _measure(result: dict, sources: dict, specs: dict, baseline: str, *, targets, work: Path,
              log: Callable[[str], None]) -> None:
-    from . import cpu; from . import lengths as length_checks; from . import tables
-    from .npu import NpuJob, run_vendor
+    from . import cpu, lengths as length_checks, tables
+    from ..npu.report import NpuJob
+    from .npu import run_vendor
     s = result["settings"]
     lengths, batches, threads = tuple(s["lengths"]), tuple(s["batches"]), s["threads"]
     if "llvm" in targets:
@@ -150,7 +151,7 @@ def _add_position_work(vendor_result: dict, baseline: str) -> None:
 
 
 def _vendor_versions(folder: Path):
-    """The versions a vendor's workers report (npu/vendor.py's result.json files)."""
+    """The versions a vendor's workers report (npu/toolchain.py's result.json files)."""
     for result in sorted(folder.rglob("result.json")):
         yield dict(json.loads(result.read_text()).get("versions", {}))
 

@@ -51,6 +51,7 @@ import re
 
 import onnx
 
+from ..spec.dims import DimBound
 from .graph import _dce, _infer, _set_input_shapes
 from .rewrite import _Rewriter
 from .symbolic import _Sym
@@ -79,39 +80,48 @@ def legalize(
         for ax, d in enumerate(vi.type.tensor_type.shape.dim):
             if not d.HasField("dim_value") and not d.HasField("dim_param"):
                 d.dim_param = f"{re.sub(r'[^A-Za-z0-9_]', '_', vi.name)}_dim{ax}"
-    bounds: dict[str, int] = {}
+    bounds: dict = {}  # linear form of dims -> the largest value the graph runs at
     for _ in range(8):
         inferred = _infer(model)
         sym = _Sym(inferred.graph)
         sym.run()
         for s, top in sym.bounds.items():  # once rewritten, the graph no longer shows them
-            bounds[str(s)] = min(top, bounds.get(str(s), top))
+            bounds[s] = min(top, bounds.get(s, top))
         changed = _Rewriter(model, sym).run()
         _dce(model.graph)
         if not changed:
             break
     out = _infer(model)
     if bounds:
-        set_dim_bounds(out, bounds)
+        set_dim_bounds(out, [_as_bound(form, top) for form, top in bounds.items()])
     return out
 
 
-DIM_BOUNDS_KEY = "portable_pe.dim_max"
+DIM_BOUNDS_KEY = "portable_pe.dim_bounds"
 
 
-def set_dim_bounds(model: onnx.ModelProto, bounds: dict[str, int]) -> None:
-    """Record {dim: largest value the graph runs at} in the model's metadata."""
+def _as_bound(form, top: int) -> DimBound:
+    """A linear form of dims (sympy, integer coefficients) <= top as a record; a constant
+    term moves to the right side."""
+    syms = sorted(form.free_symbols, key=str)
+    constant = int(form.subs({s: 0 for s in syms}))
+    return DimBound({str(s): int(form.coeff(s)) for s in syms}, int(top) - constant)
+
+
+def set_dim_bounds(model: onnx.ModelProto, bounds: list[DimBound]) -> None:
+    """Record the bounds in the model's metadata, so a legalized graph keeps them."""
     import json  # pylint: disable=import-outside-toplevel
     keep = [p for p in model.metadata_props if p.key != DIM_BOUNDS_KEY]
     del model.metadata_props[:]
     model.metadata_props.extend(keep)
-    model.metadata_props.add(key=DIM_BOUNDS_KEY, value=json.dumps(bounds, sort_keys=True))
+    model.metadata_props.add(key=DIM_BOUNDS_KEY, value=json.dumps([b.to_json() for b in bounds]))
 
 
-def dim_bounds(model: onnx.ModelProto) -> dict[str, int]:
-    """The dim bounds legalize found ({} for most graphs)."""
+def dim_bounds(model: onnx.ModelProto) -> list[DimBound]:
+    """The dim bounds legalize found ([] for most graphs)."""
     import json  # pylint: disable=import-outside-toplevel
-    return next((json.loads(p.value) for p in model.metadata_props if p.key == DIM_BOUNDS_KEY), {})
+    stored = next((json.loads(p.value) for p in model.metadata_props if p.key == DIM_BOUNDS_KEY), [])
+    return [DimBound.from_json(b) for b in stored]
 
 
 # --------------------------------------------------------------------------- #

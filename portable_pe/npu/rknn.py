@@ -2,7 +2,7 @@
 
 RKNN-Toolkit2 never enters this process (its pins clash with ours and it can segfault):
 `bash scripts/npu_toolchain.sh rknn` makes its virtualenv and workers/rknn_worker.py runs
-there through vendor.py's file contract. What it is handed (the bundle keeps all of it
+there through toolchain.py's file contract. What it is handed (the bundle keeps all of it
 under rknn/, so the build can be redone and checked):
 
     rknn/model.onnx        the float graph: positions folded, rewritten for the rknpu2
@@ -36,7 +36,7 @@ import numpy as np
 import onnx
 
 from .rknn_log import placement, vendor_messages
-from .vendor import VendorError, run_worker
+from .toolchain import VendorError, run_worker
 
 TOOLCHAIN = "rknn"
 SOCS = ("rk3588", "rk3576", "rk3568")

@@ -6,7 +6,7 @@
                   -> Vela per accelerator: per-layer cycles, SRAM/DRAM traffic, CPU fallbacks
 
 The worker (vela_worker.py) runs with `bash scripts/npu_toolchain.sh ethos-u`'s python
-through npu/vendor.py's file contract. Vela compiles int8 TFLite only, and only PyTorch
+through npu/toolchain.py's file contract. Vela compiles int8 TFLite only, and only PyTorch
 converts to TFLite here (without TensorFlow), so this path needs a graph spec, not an
 .onnx file.
 
@@ -25,15 +25,14 @@ from typing import Callable
 
 import numpy as np
 
-from .vendor import VendorError, run_worker
+from .toolchain import VendorError, run_worker
 
 TOOLCHAIN = "ethos-u"
 WORKER = Path(__file__).with_name("vela_worker.py")
 
-#: accelerator -> Vela's configuration: the MAC count and the system/memory setup from Vela's
-#: own Arm/vela.ini that fit each part (U55: SRAM + off-chip flash, U65/U85: SRAM + DRAM)
-#: npu profiles (targets/npu/NAME.toml) whose bundles hold a Vela build, and its accelerator
-PROFILE_ACCELERATORS = {"ethos-u85": "ethos-u85", "ethos-u55": "ethos-u55"}
+#: accelerator (an ethos-u profile's `accelerator`, targets/npu/*.toml) -> Vela's configuration:
+#: the MAC count and the system/memory setup from Vela's own Arm/vela.ini that fit each part
+#: (U55: SRAM + off-chip flash, U65/U85: SRAM + DRAM)
 
 ACCELERATORS: dict[str, dict] = {
     "ethos-u85": {"name": "ethos-u85-256", "system_config": "Ethos_U85_SYS_DRAM_Mid",

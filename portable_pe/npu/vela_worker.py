@@ -1,6 +1,6 @@
 """Ethos-U worker: PyTorch program -> int8 TFLite -> Vela, inside the ethos-u toolchain venv.
 
-Run by portable_pe/npu/vela.py through npu/vendor.py's file contract; it imports nothing
+Run by portable_pe/npu/vela.py through npu/toolchain.py's file contract; it imports nothing
 of portable-pe (it runs under the toolchain's own python, torch, litert-torch and Vela):
 
     python vela_worker.py request.json      (cwd: the work folder)

@@ -1,27 +1,47 @@
-"""NPU vendor compilers: VENDORS maps a profile's `vendor` key (targets/npu/*.toml) to the
-module that drives that vendor's toolchain. Adding a vendor is one line here and a module
-with the same names:
+"""NPU vendor compilers: one registry that the compile, the parity simulator row, `inspect`
+and the guide all read.
 
-    TOOLCHAIN               the name `bash scripts/npu_toolchain.sh NAME` sets up
-    PREFIX                  the bundle folder for the vendor's files (e.g. "rknn/")
-    SOCS, DTYPES            the chips and --npu-dtype values the module can build for (the
-                            profile's `socs` list is what --soc offers)
-    vendor_graph(model)     the ONNX the vendor is handed (e.g. opset lowered)
-    build(model, *, soc, dtype, calibration, simulate, log) -> VendorBuild
-                            build, placement from the vendor's log, simulator outputs
-    rebuild_and_simulate(bundle, inputs, *, log) -> [outputs]   the `parity` row
+VENDORS maps a profile's `vendor` key (targets/npu/*.toml) to a Vendor record: what the
+CLI and the guide show without loading anything heavy, and the module whose HOOKS (a
+vendor_hooks.VendorHooks record, every hook declared) do the work. Adding a vendor is one entry here,
+a toolchain script (scripts/toolchains/NAME.sh) and a module with HOOKS.
 """
 
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 
-VENDORS = {
-    "rknn": "portable_pe.npu.rknn",  # Rockchip RKNN-Toolkit2 (RK3588/RK3576/RK3568)
+from .vendor_hooks import VendorHooks
+
+
+@dataclass(frozen=True)
+class Vendor:
+    name: str                        # the toolchain: `bash scripts/npu_toolchain.sh NAME`
+    description: str
+    guide_columns: tuple[str, ...]   # `portable-pe guide --targets npu-NAME`: one column per NPU
+    module: str                      # the module holding HOOKS
+    #: True: a node the profile refuses stops the compile (the pre-check decides);
+    #: False: the vendor runs what its NPU lacks on the CPU, so the profile's refusals are a
+    #: prediction, checked against the vendor's own placement
+    precheck_decides: bool = False
+
+
+VENDORS: dict[str, Vendor] = {
+    "rknn": Vendor("rknn", "Rockchip RK3588 through RKNN-Toolkit2 (build, layer table, simulator)",
+                   ("rknn-rk3588",), "portable_pe.npu.rknn_stage"),
+    # U65 (npu/vela.py ACCELERATORS) is left out of the guide: at T=4096 each Vela compile
+    # for the U55/U65 took 50 s, and the guide's goal is U85 and U55
+    "ethos-u": Vendor("ethos-u", "Arm Ethos-U85 and U55 through Vela (PyTorch -> int8 TFLite by litert-torch)",
+                      ("ethos-u85", "ethos-u55"), "portable_pe.npu.vela_stage", precheck_decides=True),
 }
 
 
-def get_vendor(name: str):
+def get_vendor(name: str) -> Vendor:
     if name not in VENDORS:
         raise ValueError(f"unknown NPU vendor {name!r}; valid: {', '.join(VENDORS)}")
-    return importlib.import_module(VENDORS[name])
+    return VENDORS[name]
+
+
+def vendor_hooks(name: str) -> VendorHooks:
+    return importlib.import_module(get_vendor(name).module).HOOKS

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..bundle.artifact import Bundle, load_bundle
+from ..bundle.reference import bundle_cases
 from .parity import ParityReport, check_bundle, compare
 from .local import check_inputs, entry_for, _outputs
 
@@ -161,16 +162,6 @@ class RemoteRunner:
         return _outputs(self.vm.get_outputs(entry), [o["name"] for o in self.manifest["outputs"]])
 
 
-def reference_cases(bundle: Bundle) -> dict[int, tuple[dict, dict]]:
-    """{length: (inputs, outputs)} stored in the bundle's reference.npz."""
-    cases: dict[int, tuple[dict, dict]] = {}
-    with np.load(bundle.file("reference.npz")) as npz:
-        for name in npz.files:
-            length, kind, io_name = name.split("/", 2)
-            cases.setdefault(int(length[1:]), ({}, {}))[kind == "out"][io_name] = npz[name]
-    return dict(sorted(cases.items()))
-
-
 def deploy(bundle: Bundle | str | Path, *, rpc: str | None = None, tracker: str | None = None,
            key: str | None = None, timeout: float = DEFAULT_TIMEOUT, log=print) -> ParityReport:
     """Run the bundle on the board: its reference.npz cases (candidate "board vs
@@ -199,14 +190,14 @@ def _run_on_board(bundle: Bundle, session, where: str, log) -> ParityReport:
     log(f"uploading {bundle.file('model.so')}")
     runner = RemoteRunner(session, bundle, where)
     runs: dict[int, dict[str, np.ndarray]] = {}
-    stored = reference_cases(bundle)
-    for length, (inputs, expected) in stored.items():
-        log(f"  running T={length} on the board")
-        runs[length] = runner.run(inputs)
+    stored = bundle_cases(bundle)
+    for case in stored:
+        log(f"  running T={case.length} on the board")
+        runs[case.length] = runner.run(case.inputs)
 
     def cached(inputs):  # the harness regenerates the same seeded inputs: reuse the board's run
-        length = next((n for n, (ins, _) in stored.items()
-                       if all(np.array_equal(ins[k], v) for k, v in inputs.items())), None)
+        length = next((c.length for c in stored
+                       if all(np.array_equal(c.inputs[k], v) for k, v in inputs.items())), None)
         return runs[length] if length is not None else runner.run(inputs)
 
     # the tuned entries (batch 1) run at their own lengths too, so the board checks what tuning changed
@@ -214,9 +205,9 @@ def _run_on_board(bundle: Bundle, session, where: str, log) -> ParityReport:
              if e["batch"] == 1}
     for length, function in sorted(tuned.items()):
         log(f"  tuned entry {function} runs at T={length}")
-    report = check_bundle(bundle, lengths=tuple(sorted({*stored, *tuned})), tvm_runner=cached)
+    report = check_bundle(bundle, lengths=tuple(sorted({*(c.length for c in stored), *tuned})), tvm_runner=cached)
     report.target = f"{bundle.target} @ {where}"
-    for length, (_, expected) in stored.items():
-        report.rows += compare(expected, runs[length], name="board vs reference.npz", length=length,
+    for case in stored:
+        report.rows += compare(case.outputs, runs[case.length], name="board vs reference.npz", length=case.length,
                                tolerance_overrides=bundle.manifest.get("tolerance"))
     return report

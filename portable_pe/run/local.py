@@ -11,7 +11,8 @@ import platform
 import numpy as np
 
 from ..bundle.artifact import Bundle, BundleError
-from ..spec.io_names import ROLES, dim_sum_error
+from ..spec.dims import dim_sum_error
+from ..spec.io_names import ROLES
 
 
 class InputError(ValueError):
@@ -68,6 +69,8 @@ class LocalRunner:
     def __init__(self, bundle: Bundle):
         import tvm
         from tvm import relax
+        from ..threads import default_tvm_threads
+        default_tvm_threads()  # before TVM's pool starts, which this VM's first run does
         device_kind = bundle.manifest["target"]["device"]
         host = bundle.manifest["target"].get("host_arch")
         if host and host != platform.machine():

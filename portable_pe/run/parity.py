@@ -12,7 +12,8 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
-from ..spec.io_names import BATCH, HIDDEN, POSITIONS, SEQ, X, dim_roles, dim_sum_error, is_position_input
+from ..spec.dims import dim_sum_error
+from ..spec.io_names import BATCH, HIDDEN, POSITIONS, SEQ, X, dim_roles, is_position_input
 
 #: absolute and relative (to the reference's largest magnitude) error allowed, by dtype.
 #: A result passes when max_abs <= atol + rtol * max|ref| and cosine >= min_cosine.

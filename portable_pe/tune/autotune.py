@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from ..backends import export_here, get_backend
 from .database import (as_main, database_dir_of, fused_module, fused_prim_funcs, kernels_of,
                         open_database, specialize, specialized_name, tuned_points, workload)
 
@@ -46,10 +47,9 @@ def _builder(st):
     """Candidates are built without TVM's tensor-intrinsic import and linked the way the
     target's bundles are (the aarch64 cross compiler for arm)."""
     from tvm.s_tir import meta_schedule as ms
-    from ..backends import get_backend
-    export = None
-    if st.target.backend != "llvm":
-        backend = get_backend(st.target.backend)
+    backend = get_backend(st.target.backend)
+    export = None  # MetaSchedule's own export, for a backend that links here as it does
+    if backend.export_library is not export_here:
 
         def export(module) -> str:
             # its own folder: after measuring, MetaSchedule deletes the artifact's *folder*
@@ -68,13 +68,10 @@ def build_candidate(mod, target, _params, *, backend: str = "llvm"):
     every intrinsic TVM ships (CUDA's mostly) as TVMScript: 145 s of CPU in each builder
     process on this machine, and the builder starts new processes for every batch. The
     candidates arrive already scheduled (any tensorization done in this process), so the
-    build needs none of them. A backend with its own `build_candidate` (cuda) builds."""
-    import tvm
+    build needs none of them. The backend builds it (cuda compiles its kernels with nvcc)."""
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
-    from ..backends import get_backend
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
-    own = getattr(get_backend(backend), "build_candidate", None)
-    return own(mod, target) if own else tvm.compile(mod, target=target)
+    return get_backend(backend).build_candidate(mod, target)
 
 
 @dataclass
@@ -91,20 +88,13 @@ class TuneError(RuntimeError):
 
 
 def check_tunable(target: str, target_options: dict | None = None) -> None:
-    """What MetaSchedule needs of the target, checked in a second, before the export:
-    a CPU target must say how many cores it has; a backend may check more (cuda)."""
-    from ..compile.pipeline import CompileState, stage_target
+    """What MetaSchedule needs of the target (its backend's check_tunable: a CPU target's
+    core count, cuda's runtime), checked in a second, before the export."""
     from ..backends.targets import load_target
-    st = CompileState(source="", target=load_target(target), intermediates=None, shapes={},
-                      target_options=dict(target_options or {}), log=lambda m: None)
-    stage_target(st)
-    if st.tvm_target.kind.name == "llvm" and "num-cores" not in st.tvm_target.attrs:
-        raise ValueError(f"target {target} {st.target_options or ''} has no core count, which MetaSchedule needs "
-                         f"(\"num-cores\"): pass --num-cores N, the board's physical cores")
-    from ..backends import get_backend
-    own = getattr(get_backend(st.target.backend), "check_tunable", None)
-    if own is not None:
-        own(st.tvm_target)
+    from ..compile.stages import resolve_target
+    spec = load_target(target)
+    _, tvm_target = resolve_target(spec, dict(target_options or {}))
+    get_backend(spec.backend).check_tunable(tvm_target)
 
 
 def tune_graph(source: str, *, target: str = "llvm", target_options: dict | None = None, batch: int = 1,
@@ -129,7 +119,7 @@ def tune_graph(source: str, *, target: str = "llvm", target_options: dict | None
     if bad:
         raise ValueError(f"cannot tune {st.name} at batch={batch} seq={seq}: {'; '.join(bad)}")
     static = as_main(specialize(st.relax, dims=st.io["dims"], point=point), specialized_name(point))
-    funcs = fused_prim_funcs(static, st.tvm_target, backend=st.target.backend)
+    funcs = fused_prim_funcs(static, st.tvm_target, backend=get_backend(st.target.backend))
     if only == "rope":
         funcs = {n: f for n, f in funcs.items() if is_rope_kernel(n)}
         if not funcs:
@@ -164,7 +154,7 @@ def tune_graph(source: str, *, target: str = "llvm", target_options: dict | None
         entry["measured"] = runner.usage().summary()
         log(f"  all kernels: {entry['measured']}")
     _save_point(db_dir, st.name, entry)
-    if runner is None and st.target.backend == "llvm":
+    if runner is None and get_backend(st.target.backend).runs_here:
         recheck(st, point, log=log)
     else:
         log("  tuned kernels not compared with the default schedules (that needs this machine to be the target)")
@@ -223,7 +213,6 @@ def _save_point(db_dir: Path, graph: str, entry: dict) -> None:
 def recheck(st, point: dict, *, runs: int = 30, log: Callable[[str], None] = print) -> list[dict]:
     """Time each tuned kernel against its default schedule inside the model at `point` and
     keep only the winners in the database (tune_judge.py); records the verdicts in tuned.json."""
-    from ..backends import get_backend
     from ..threads import DEFAULT_THREADS, set_threads
     from ..run.parity import dim_roles, make_inputs
     from .judge import judge, prune_database
@@ -237,8 +226,9 @@ def recheck(st, point: dict, *, runs: int = 30, log: Callable[[str], None] = pri
                          dim_roles=dim_roles({"dims": st.io["dims"]}))
     log(f"comparing tuned kernels with the default schedules at batch={point['batch']} seq={point['seq']} "
         f"({runs} interleaved runs of each build)")
-    fused = fused_module(static, st.tvm_target, backend=st.target.backend)
-    verdicts = judge(static, fused, st.tvm_target, get_backend(st.target.backend).relax_pipeline(st.tvm_target),
+    backend = get_backend(st.target.backend)
+    fused = fused_module(static, st.tvm_target, backend=backend)
+    verdicts = judge(static, fused, st.tvm_target, backend.relax_pipeline(st.tvm_target),
                      open_database(db_dir), [values[i["name"]] for i in st.io["inputs"]], runs=runs)
     for v in verdicts:
         if v["tuned_ms"] is not None:
@@ -253,9 +243,9 @@ def recheck(st, point: dict, *, runs: int = 30, log: Callable[[str], None] = pri
 
 def recheck_graph(source: str, *, target: str = "llvm", log: Callable[[str], None] = print) -> int:
     """Recheck every tuned point of a graph's database (after the default schedules changed)."""
-    from ..compile.pipeline import prepare
     from ..backends.targets import load_target
-    if load_target(target).backend != "llvm":  # before the export, which takes seconds
+    from ..compile.pipeline import prepare
+    if not get_backend(load_target(target).backend).runs_here:  # before the export, which takes seconds
         raise ValueError(f"--recheck runs both builds on this machine, so it needs --target llvm, not {target}")
     st = prepare(source, target=target, log=lambda m: None)
     points = tuned_points(database_dir_of(st))

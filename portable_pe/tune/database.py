@@ -30,12 +30,11 @@ def database_dir(target: str, graph: str, *, variant: str | None = None) -> Path
 
 
 def database_dir_of(st) -> Path:
-    """The database of a compile state (resolved target and options): a backend with a
-    `tuning_variant(options, target)` keeps one database per board or arch."""
+    """The database of a compile state (resolved target and options): a backend whose
+    `tuning_variant(options, target)` names one keeps a database per board or arch."""
     from ..backends import get_backend
-    variant = getattr(get_backend(st.target.backend), "tuning_variant", None)
-    return database_dir(st.target.name, st.name,
-                        variant=variant(st.target_options, st.tvm_target) if variant else None)
+    variant = get_backend(st.target.backend).tuning_variant(st.target_options, st.tvm_target)
+    return database_dir(st.target.name, st.name, variant=variant)
 
 
 def tuned_points(db_dir: Path) -> list[dict]:
@@ -79,15 +78,14 @@ def as_main(mod, name: str):
     return out
 
 
-def fused_module(mod, target, *, backend: str = "llvm"):
-    """`mod` after exactly the compile's fusion passes: the kernels a compile would schedule.
-    A backend with its own `fusion_passes(target)` (cuda) says which; the CPU ones otherwise."""
+def fused_module(mod, target, *, backend=None):
+    """`mod` after exactly the compile's fusion passes (the backend's fusion_passes: cuda's,
+    or the CPU ones; default llvm's): the kernels a compile would schedule."""
     import tvm
     from ..backends import get_backend
-    from ..cpu_schedule import fusion_passes
-    own = getattr(get_backend(backend), "fusion_passes", None)
+    backend = backend or get_backend("llvm")
     with target:
-        return tvm.transform.Sequential(own(target) if own else fusion_passes())(mod)
+        return tvm.transform.Sequential(backend.fusion_passes(target))(mod)
 
 
 def kernels_of(fused) -> dict:
@@ -96,7 +94,7 @@ def kernels_of(fused) -> dict:
     return {gv.name_hint: f for gv, f in fused.functions_items() if isinstance(f, tirx.PrimFunc)}
 
 
-def fused_prim_funcs(mod, target, *, backend: str = "llvm"):
+def fused_prim_funcs(mod, target, *, backend=None):
     """The PrimFuncs a compile would schedule, after exactly the compile's fusion passes."""
     return kernels_of(fused_module(mod, target, backend=backend))
 
@@ -107,7 +105,7 @@ def workload(func):
     return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
 
 
-def coverage(mod, target, database, *, backend: str = "llvm") -> tuple[list[str], list[str]]:
+def coverage(mod, target, database, *, backend=None) -> tuple[list[str], list[str]]:
     """(hits, misses) over a static-shape module's kernels: those the database has a
     measured schedule for, and those that will get the default schedules. (A workload
     whose candidates all failed to run is in the database with no usable record: a miss.)"""

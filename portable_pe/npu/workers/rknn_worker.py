@@ -1,5 +1,5 @@
 """RKNN-Toolkit2 worker: runs inside the toolchain's virtualenv (scripts/toolchains/rknn.sh),
-never in portable-pe's process, and imports nothing of portable-pe (vendor.py's contract).
+never in portable-pe's process, and imports nothing of portable-pe (toolchain.py's contract).
 
     python rknn_worker.py request.json        (cwd = the work folder)
 

@@ -1,0 +1,225 @@
+"""The compile stages, in the order pipeline.STAGES runs them. Each reads the state and
+returns what it adds (state.Added); none writes to the state."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import onnx
+
+from ..backends import get_backend
+from ..backends.targets import TargetSpec, target_json
+from ..bundle.reference import ReferenceCase
+from ..run.parity import DEFAULT_LENGTHS, make_inputs, onnxruntime_runner, torch_reference, usable_lengths
+from ..spec.graphs import ROOT, GraphSpec, load_graph
+from ..spec.io_names import describe_io, dim_roles
+from ..spec.schema import NAME
+from ..user_files import load_onnx_file
+from .export import export_onnx_cached, get_metadata
+from .frontend import fix_input_shapes
+from .state import Added, CompileState
+
+
+def resolve_target(target: TargetSpec, options: dict):
+    """(options with the target's defaults merged in, the TVM target): a bad --board/--arch
+    or a missing toolchain fails here, in a second, not after the export."""
+    unknown = sorted(set(options) - set(target.options))
+    if unknown:
+        raise ValueError(f"target {target.name!r} takes no option {', '.join(unknown)} "
+                         f"(--{', --'.join(u.replace('_', '-') for u in unknown)}); its valid options: "
+                         f"{', '.join(target.options) or 'none'}")
+    for name, value in options.items():
+        _check_option(target, name, value)
+    options = {**{k: o["default"] for k, o in target.options.items() if "default" in o}, **options}
+    return options, get_backend(target.backend).tvm_target(target, **options)
+
+
+def _check_option(target: TargetSpec, name: str, value) -> None:
+    """A value against its declaration (the command line checks the same with argparse)."""
+    option, flag = target.options[name], "--" + name.replace("_", "-")
+    if "choices" in option and value not in option["choices"]:
+        raise ValueError(f"unknown {name.replace('_', ' ')} {value!r} for target {target.name!r} ({flag}); "
+                         f"valid: {', '.join(option['choices'])}")
+    if option.get("type") == "int":
+        lo, hi = option.get("range", (1, None))
+        if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
+            raise ValueError(f"{flag} must be an integer in {lo}..{hi}, got {value!r}")
+
+
+def stage_target(st: CompileState) -> Added:
+    options, tvm_target = resolve_target(st.target, st.request.target_options)
+    st.log(f"  target: {json.dumps(target_json(tvm_target))}")
+    return Added(target_options=options, tvm_target=tvm_target)
+
+
+def stage_load(st: CompileState) -> Added:
+    source = st.request.source
+    if isinstance(source, GraphSpec):
+        return Added(spec=source, name=source.name)
+    path = Path(source)
+    if path.suffix != ".onnx":
+        spec = load_graph(source)
+        return Added(spec=spec, name=spec.name)
+    model = load_onnx_file(path)
+    # the name becomes part of paths (tuning databases): a foreign file's metadata must not steer them
+    named = get_metadata(model).get("graph")
+    if st.request.shapes:
+        fix_input_shapes(model, st.request.shapes)
+    return Added(model=model, name=named if named and NAME.ok(named) else path.stem)
+
+
+def stage_export(st: CompileState) -> Added | None:
+    if st.spec is None:
+        return None
+    model, cached = export_onnx_cached(st.spec, exporter=st.request.exporter)
+    st.log(f"  export: {st.request.exporter} exporter"
+           f"{', from the cache (same spec, torch and exporter source)' if cached else ''}")
+    st.dump("01-exported.onnx", model.SerializeToString())
+    return Added(model=model)
+
+
+def stage_simplify(st: CompileState) -> Added:
+    from .simplify import simplify_onnx
+    io = describe_io(st.model, st.spec)
+    lengths = usable_lengths(io, (7, 33)) or usable_lengths(io, (1,))
+    checks = [make_inputs(io["inputs"], length=n, batch=2 if st.spec else 1, dim_roles=dim_roles(io))
+              for n in lengths]
+    model, report = simplify_onnx(st.model, check_inputs=checks)
+    st.log(f"  simplify: {report.summary()}")
+    st.dump("02-simplified.onnx", model.SerializeToString())
+    return Added(model=model, io=io, report={"simplify": {
+        "nodes_before": report.nodes_before, "nodes_after": report.nodes_after,
+        "ops_after": report.ops_after, "max_abs_diff": report.max_abs_diff}})
+
+
+def stage_tables(st: CompileState) -> Added | None:
+    """--pe-tables int8: stored position tables quantized per row (quant/tables.py)."""
+    if st.request.pe_tables != "int8":
+        return None
+    from ..quant.tables import quantize_onnx_tables
+    model, tables = quantize_onnx_tables(st.model)
+    st.log(f"  pe-tables int8: {len(tables)} stored table(s) quantized per row"
+           f"{'' if tables else ' (this encoding computes its tables at run time)'}")
+    return Added(model=model, report={"pe_tables": {"dtype": "int8", "tables": tables}})
+
+
+def stage_legalize(st: CompileState) -> Added:
+    """Foreign graphs: shape arithmetic made something TVM's importer follows; then the
+    target's rewrites of the ONNX graph (e.g. NPU folding; none for most targets)."""
+    model, io = st.model, st.io
+    if st.spec is None:
+        from ..legalize import dim_bounds, legalize
+        from ..spec.dims import apply_dim_bounds
+        model = legalize(model)
+        io = json.loads(json.dumps(io))  # a copy: the bounds narrow it
+        for said in apply_dim_bounds(io, dim_bounds(model)):  # the graph runs only up to them
+            st.log(f"  legalize: {said}")
+    backend = get_backend(st.target.backend)
+    done = backend.legalize_onnx(model, _with(st, model=model, io=io))
+    model = done.model or model
+    st.dump("03-legalized.onnx", model.SerializeToString())
+    return Added(**{**done.__dict__, "model": model, "io": done.io or io})
+
+
+def _with(st: CompileState, **products) -> CompileState:
+    """A copy of the state with some products replaced: what a backend hook called inside
+    a stage reads, before the stage's own result is applied."""
+    from dataclasses import replace
+    return replace(st, **products)
+
+
+def stage_quantize(st: CompileState) -> Added | None:
+    """--precision int8: the constant-weight matmuls quantized (quant/), calibrated on
+    seeded inputs; a graph that already has QDQ nodes (an NPU graph) is kept as it is."""
+    if st.request.precision != "int8":
+        return None
+    if any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in st.model.graph.node):
+        st.log("  int8: the graph is quantized already (QDQ)")
+        return None
+    from ..quant.calibration import calibration_feeds, calibration_lengths
+    from ..quant.qdq import quantize_linears
+    lengths = calibration_lengths(st.io)
+    feeds = calibration_feeds(st.io, lengths=lengths)
+    model, report = quantize_linears(st.model, feeds)
+    report["calibration_lengths"] = lengths
+    report["calibration_shapes"] = [{k: list(v.shape) for k, v in f.items()} for f in feeds]
+    st.log(f"  int8: {report['matmuls_int8']} matmul(s) with constant weights quantized, "
+           f"{report['matmuls_float']} kept float32; calibrated at T={lengths}")
+    st.dump("03b-quantized.onnx", model.SerializeToString())
+    return Added(model=model, report={"quantization": report})
+
+
+def stage_import(st: CompileState) -> Added:
+    from .frontend import import_onnx
+    relax = import_onnx(st.model)
+    st.dump("04-relax.py", relax.script())
+    return Added(relax=relax)
+
+
+def stage_tuning(st: CompileState) -> Added | None:
+    """With a tuning database for this graph and target: one static entry per tuned point."""
+    from ..tune.database import database_digest, database_dir_of, specialize, specialized_name, tuned_points
+    db_dir = database_dir_of(st)
+    points = tuned_points(db_dir)
+    if not (st.request.use_tuning and points and st.io.get("dims")) or st.request.precision != "fp32":
+        why = ("none for " + st.name if not points else "not used (--no-tuning)" if not st.request.use_tuning
+               else f"not used ({st.request.precision}: its kernels are float32)")
+        st.log(f"  tuning database: {why}")
+        return None
+    tuning = {"database": (db_dir.relative_to(ROOT) if db_dir.is_relative_to(ROOT) else db_dir).as_posix(),
+              "digest": database_digest(db_dir), "specializations": []}
+    relax = st.relax
+    for point in points:
+        point = {"batch": point["batch"], "seq": point["seq"]}
+        if all(info["min"] <= point[info["role"]] <= info["max"] for info in st.io["dims"].values()):
+            relax = specialize(relax, dims=st.io["dims"], point=point)
+            tuning["specializations"].append({"function": specialized_name(point), **point})
+    return Added(relax=relax, tuning=tuning)
+
+
+def stage_reference(st: CompileState) -> Added:
+    """Seeded inputs at the default parity lengths the graph takes, and the reference's
+    outputs on them: PyTorch for a spec, onnxruntime on the graph for a foreign file."""
+    if st.spec is not None:
+        run = torch_reference(st.spec.to_dict())
+    else:
+        with tempfile.NamedTemporaryFile(suffix=".onnx") as f:
+            onnx.save(st.reference_model or st.model, f.name)
+            run = onnxruntime_runner(f.name, [o["name"] for o in st.io["outputs"]])
+    cases = []
+    for n in usable_lengths(st.io, DEFAULT_LENGTHS):
+        inputs = make_inputs(st.io["inputs"], length=n, dim_roles=dim_roles(st.io))
+        cases.append(ReferenceCase(n, inputs, run(inputs)))
+    return Added(reference=tuple(cases))
+
+
+def stage_vendor(st: CompileState) -> Added:
+    """A vendor compiler's build of the legalized graph, where the target has one (npu with
+    a vendor profile: RKNN-Toolkit2 and its simulator, or Vela), with its placement."""
+    return get_backend(st.target.backend).vendor_build(st)
+
+
+def stage_build(st: CompileState) -> Added:
+    import tvm
+    backend = get_backend(st.target.backend)
+    pipeline = backend.relax_pipeline(st.tvm_target)
+    if not st.tuning.get("specializations"):
+        return Added(executable=tvm.compile(st.relax, target=st.tvm_target, relax_pipeline=pipeline))
+    from ..tune.database import as_main, coverage, open_database
+    database = open_database(ROOT / st.tuning["database"])
+    entries = []
+    for entry in st.tuning["specializations"]:
+        hits, misses = coverage(as_main(st.relax, entry["function"]), st.tvm_target, database, backend=backend)
+        entries.append({**entry, "tuned_kernels": len(hits), "untuned_kernels": len(misses)})
+        st.log(f"  {entry['function']}: {len(hits)} tuned kernel(s), {len(misses)} miss(es) "
+               f"{'(default schedules for: ' + ', '.join(misses[:4]) + ('...' if len(misses) > 4 else '') + ')' if misses else ''}")
+    with database:
+        executable = tvm.compile(st.relax, target=st.tvm_target, relax_pipeline=pipeline)
+    return Added(executable=executable, tuning={**st.tuning, "specializations": entries})
+
+
+def stage_finalize(st: CompileState) -> Added:
+    """Backend checks that need the build and the reference (e.g. the NPU's TVM accuracy)."""
+    return get_backend(st.target.backend).finalize(st)
