@@ -4,7 +4,6 @@ Running arm bundles on the (emulated) board is in test_deploy.py (marker `board`
 
 from __future__ import annotations
 
-import shutil
 import struct
 
 import pytest
@@ -15,12 +14,10 @@ from portable_pe.spec.graphs import GRAPHS
 from portable_pe.run.local import run_local
 from portable_pe.backends.targets import load_target
 
-from conftest import TINY_SPEC
+from conftest import TINY_SPEC, needs_cross, require_cross
 
 ARM = load_target("arm")
 BOARDS = list(ARM.options["board"]["choices"])
-needs_cross = pytest.mark.skipif(shutil.which("aarch64-linux-gnu-g++") is None,
-                                 reason="aarch64-linux-gnu-g++ missing (apt-get install g++-aarch64-linux-gnu)")
 
 
 def elf_machine(path) -> int:
@@ -71,8 +68,7 @@ def test_an_option_of_another_target_is_refused(tmp_path):
 
 @pytest.fixture(scope="module")
 def arm_bundle(bundle_factory):
-    if shutil.which("aarch64-linux-gnu-g++") is None:
-        pytest.skip("aarch64-linux-gnu-g++ missing (apt-get install g++-aarch64-linux-gnu)")
+    require_cross()
     return bundle_factory(TINY_SPEC, "arm", board="rasp4b64")
 
 
@@ -85,8 +81,7 @@ def test_arm_bundle_is_aarch64_and_records_the_board(arm_bundle):
 
 
 def test_default_board_is_generic(bundle_factory):
-    if shutil.which("aarch64-linux-gnu-g++") is None:
-        pytest.skip("aarch64-linux-gnu-g++ missing")
+    require_cross()
     bundle = bundle_factory(TINY_SPEC, "arm")
     assert bundle.manifest["target"]["options"] == {"board": "generic"}
     assert "mcpu" not in bundle.manifest["target"]["tvm"]

@@ -113,7 +113,7 @@ def test_bench_engine_subset(tiny_bundle):
 def test_bench_cli_defaults():
     from portable_pe.cli.main import build_parser
     from portable_pe.bench import engines as bench_engines
-    from portable_pe.cli.main import BENCH_ENGINES, BENCH_POOLS
+    from portable_pe.cli.parser import BENCH_ENGINES, BENCH_POOLS
     args = build_parser().parse_args(["bench", "rope"])
     assert (args.lengths, args.batch, args.threads, args.tuned, args.pool) == ([128, 512], [1, 8], 2, None, "default")
     assert BENCH_ENGINES == tuple(bench_engines.ENGINES) and BENCH_POOLS == bench_engines.POOLS

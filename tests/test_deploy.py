@@ -24,12 +24,10 @@ from portable_pe.run.deploy import DeployError, deploy, parse_address
 from portable_pe.spec.graphs import GRAPHS
 from portable_pe.run.parity import compare
 
-from conftest import TINY_SPEC, load_script
+from conftest import TINY_SPEC, load_script, needs_cross, require_cross
 
 board_server = load_script("board_server")
 
-needs_cross = pytest.mark.skipif(shutil.which("aarch64-linux-gnu-g++") is None,
-                                 reason="aarch64-linux-gnu-g++ missing (apt-get install g++-aarch64-linux-gnu)")
 _board_ready = pytest.mark.skipif(not board_server.board_available(),
                                   reason="emulated board not set up: run `bash scripts/board_setup.sh`")
 
@@ -85,8 +83,7 @@ def x86_server():
 
 @pytest.fixture(scope="module")
 def arm_bundle(bundle_factory):
-    if shutil.which("aarch64-linux-gnu-g++") is None:
-        pytest.skip("aarch64-linux-gnu-g++ missing (apt-get install g++-aarch64-linux-gnu)")
+    require_cross()
     return bundle_factory(TINY_SPEC, "arm")
 
 

@@ -61,5 +61,5 @@ def test_an_unknown_exporter_is_refused(spec):
 
 
 def test_the_cli_offers_the_exporters_with_the_default_first():
-    from portable_pe.cli.main import EXPORTER_CHOICES
+    from portable_pe.cli.parser import EXPORTER_CHOICES
     assert set(EXPORTER_CHOICES) == set(export.EXPORTERS) and EXPORTER_CHOICES[0] == export.DEFAULT_EXPORTER

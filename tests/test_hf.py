@@ -12,10 +12,11 @@ aarch64 board (``-m "hf_full and board"``) Llama and BERT.
 
 from __future__ import annotations
 
-import shutil
 
 import numpy as np
 import pytest
+
+from conftest import require_cross
 
 pytest.importorskip("transformers")
 
@@ -162,8 +163,7 @@ def _board_ready():
 @pytest.mark.parametrize("arch,exporter,opset", [("llama", "dynamo", 18), ("bert", "torchscript", 17)])
 def test_architecture_on_the_emulated_board(arch, exporter, opset, hf_bundle):
     board_server = _board_ready()
-    if shutil.which("aarch64-linux-gnu-g++") is None:
-        pytest.skip("aarch64-linux-gnu-g++ missing (apt-get install g++-aarch64-linux-gnu)")
+    require_cross()
     if not board_server.board_available():
         pytest.skip("emulated board not set up: run `bash scripts/board_setup.sh`")
     if board_server.server_status() is not None:

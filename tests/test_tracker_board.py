@@ -13,10 +13,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import threading
 
 import pytest
+
+from conftest import require_cross
 
 from portable_pe.cli.main import main as cli
 from portable_pe.tune.database import database_dir, tuned_points
@@ -33,8 +34,7 @@ def fleet():
     """(tracker address, the two boards' addresses), both registered under KEY."""
     if not board_server.board_available():
         pytest.skip("emulated board not set up: run `bash scripts/board_setup.sh`")
-    if shutil.which("aarch64-linux-gnu-g++") is None:
-        pytest.skip("aarch64-linux-gnu-g++ missing (apt-get install g++-aarch64-linux-gnu)")
+    require_cross()
     port = free_port()
     tracker = start_tvm("tvm.exec.rpc_tracker", port)
     names = [f"tracker-ci-{os.getpid()}-{i}" for i in (1, 2)]

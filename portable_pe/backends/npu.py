@@ -17,7 +17,6 @@ the stage list records it.
 
 from __future__ import annotations
 
-import numpy as np
 
 from . import arm, llvm
 from .backend import Backend

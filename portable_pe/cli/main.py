@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from .parser import BENCH_ENGINES, BENCH_POOLS, EXPORTER_CHOICES, build_parser, chosen_target_options  # noqa: F401 (tests use the first three)
+from .parser import build_parser, chosen_target_options
 
 
 def _print_report(report, json_path: str | None) -> int:
