@@ -338,6 +338,24 @@ add("manifests", "run: tampered model.so with the checksum list removed",
     setup=steps(manifest_edit(lambda m: m.pop("files") and None), tamper("model.so")))
 for rel in ("model.so", "model.onnx", "reference.npz", "run_on_board.py"):
     add("manifests", f"parity: tampered {rel}", ["parity", B, "--lengths", "3"], (rel,), setup=tamper(rel))
+
+
+def truncate_so(keep):
+    """model.so cut to `keep` bytes (negative: that many off its end), its checksum updated to match."""
+    def setup(ws):
+        import hashlib
+        so = ws / "bundle" / "model.so"
+        so.write_bytes(so.read_bytes()[:keep])
+        manifest_edit(lambda m: m["files"].update({"model.so": hashlib.sha256(so.read_bytes()).hexdigest()}))(ws)
+    return setup
+
+
+for keep in (100_000, -100):  # 100000: TVM's load_module died by SIGBUS (exit 135), no message
+    for cmd in (("run", B, "--inputs", "{ws}/in.npz", "--out", "o.npz"), ("parity", B, "--lengths", "3"),
+                ("deploy", B, "--rpc", "127.0.0.1:9", "--timeout", "5")):
+        cut = f"to {keep} bytes" if keep > 0 else f"by {-keep} bytes"
+        add("manifests", f"{cmd[0]}: model.so truncated {cut}, checksum updated", list(cmd),
+            ("model.so is truncated",), setup=truncate_so(keep))
 add("manifests", "inspect: model.so deleted", ["inspect", B], ("model.so",), setup=lambda ws: (ws / "bundle" / "model.so").unlink())
 add("manifests", "inspect: an unlisted file added", ["inspect", B], ("extra.txt",), setup=write("bundle/extra.txt", "x"))
 add("manifests", "inspect: manifest.json is a folder", ["inspect", B], ("manifest.json",),

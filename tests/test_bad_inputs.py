@@ -235,6 +235,37 @@ def test_a_manifest_off_the_schema_is_refused_before_anything_runs(ws, capsys, c
     refused(ws, capsys, argv, ["manifest.json", *words])
 
 
+
+def _truncate_so(bundle: Path, keep: int) -> None:
+    """model.so cut to `keep` bytes (negative: that many off its end), its checksum updated to match."""
+    so = bundle / "model.so"
+    data = so.read_bytes()
+    so.write_bytes(data[:keep])
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["files"]["model.so"] = hashlib.sha256(so.read_bytes()).hexdigest()
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("keep,why", [
+    (100_000, "ends at byte"),         # segments past the end: TVM's load_module died by SIGBUS (exit 135)
+    (-100, "section header table"),    # only the section headers cut
+    (40, "ELF header is cut short"),
+])
+@pytest.mark.parametrize("command", ["run", "parity", "deploy"])
+def test_a_truncated_model_so_with_a_matching_checksum_is_refused_before_loading(ws, capsys, keep, why, command):
+    _truncate_so(ws / "bundle", keep)
+    argv = {"run": ["run", ws / "bundle", "--inputs", ws / "in.npz", "--out", "o.npz"],
+            "parity": ["parity", ws / "bundle", "--lengths", "3"],
+            "deploy": ["deploy", ws / "bundle", "--rpc", "127.0.0.1:9", "--timeout", "5"]}[command]
+    refused(ws, capsys, argv, ["model.so is truncated or not a shared library", why])
+
+
+def test_a_model_so_that_is_no_elf_file_is_refused(ws, capsys):
+    from portable_pe.bundle.shared_library import check_shared_library
+    check_shared_library(ws / "bundle" / "model.so")  # the good one passes
+    with pytest.raises(ValueError, match="notes.txt is truncated or not a shared library: no ELF header"):
+        check_shared_library(ws / "notes.txt")
+
 # ----------------------------------------------------------------------------- parity verdicts
 def test_compile_for_a_board_says_unverified_not_pass(ws, capsys, monkeypatch, bundle_factory):
     """An arm bundle built here: onnxruntime runs, the compiled model.so does not."""

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..bundle.artifact import Bundle, load_bundle
+from ..bundle.shared_library import check_shared_library
 from .parity import ParityReport, check_bundle, compare
 from .local import check_inputs, entry_for, _outputs
 
@@ -179,6 +180,7 @@ def deploy(bundle: Bundle | str | Path, *, rpc: str | None = None, tracker: str 
     if bundle.manifest["target"]["device"] != "cpu":
         raise DeployError(f"bundle {bundle.path} runs on {bundle.manifest['target']['device']}; "
                           "deploy sends cpu bundles (arm, llvm) to boards")
+    check_shared_library(bundle.file("model.so"))  # before any upload: a truncated one would crash the board's server
     session, where = connect(rpc=rpc, tracker=tracker, key=key, timeout=timeout)
     try:
         return _run_on_board(bundle, session, where, log)
