@@ -177,6 +177,28 @@ add("files", "compile an .onnx with an unsupported op", ["compile", "../celu.onn
     setup=lambda ws: onnx_graph(ws / "celu.onnx", op="Celu"))
 add("files", "inspect an .onnx with an unsupported op", ["inspect", "../celu.onnx"], ("Celu",), rc=(1,),
     setup=lambda ws: onnx_graph(ws / "celu.onnx", op="Celu"))
+
+
+def onnx_typed(path, *, inputs=(("x", "FLOAT"),), outputs=(("y", "FLOAT"),), op="Relu", **attrs):
+    """A one-node graph with these input and output element types (no inputs: fed by a Constant)."""
+    import onnx
+    from onnx import TensorProto, helper
+    nodes = [] if inputs else [helper.make_node("Constant", [], ["x"], value=helper.make_tensor(
+        "v", TensorProto.FLOAT, [1, 4], [1.0, 2.0, 3.0, 4.0]))]
+    nodes.append(helper.make_node(op, [inputs[0][0] if inputs else "x"], [outputs[0][0]], **attrs))
+    info = [[helper.make_tensor_value_info(n, getattr(TensorProto, t), [1, 4]) for n, t in values]
+            for values in (inputs, outputs)]
+    onnx.save(helper.make_model(helper.make_graph(nodes, "g", *info), opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+for label, graph, words in (
+        ("no inputs", {"inputs": ()}, ("odd.onnx has no inputs",)),
+        ("a string input", {"inputs": (("s", "STRING"),), "outputs": (("t", "STRING"),), "op": "Identity"}, ("'s'",)),
+        ("a string output", {"outputs": (("s", "STRING"),), "op": "Cast", "to": 8}, ("'s'",)),
+        ("a complex input", {"inputs": (("c", "COMPLEX64"),), "outputs": (("d", "COMPLEX64"),), "op": "Identity"}, ("'c'",))):
+    for cmd in ("compile", "inspect"):
+        add("files", f"{cmd} an .onnx with {label}", [cmd, "../odd.onnx"], words,
+            setup=lambda ws, graph=graph: onnx_typed(ws / "odd.onnx", **graph))
 for shape, words in (("nosuch=1x4", ("nosuch",)), ("x=1x4x4", ("rank",)), ("x=0x4", ("--shape",)),
                      ("=1x4", ("--shape",)), ("x", ("--shape",)), ("x=1xa", ("--shape",))):
     add("files", f"compile relu.onnx --shape {shape}", ["compile", "../relu.onnx", "--shape", shape, "--out", "r"], words,

@@ -147,6 +147,36 @@ def test_files_that_are_not_what_was_asked_for(ws, capsys, argv, words):
     refused(ws, capsys, [a.format(ws=ws) if isinstance(a, str) else a for a in argv], words)
 
 
+
+def _onnx(path: Path, *, inputs=(("x", "FLOAT"),), outputs=(("y", "FLOAT"),), op="Relu", **attrs) -> None:
+    """A one-node graph: `op` from the first input (a Constant when there is none) to the outputs."""
+    import onnx
+    from onnx import TensorProto, helper
+    nodes = [] if inputs else [helper.make_node("Constant", [], ["x"], value=helper.make_tensor(
+        "v", TensorProto.FLOAT, [1, 4], [1.0, 2.0, 3.0, 4.0]))]
+    nodes.append(helper.make_node(op, [inputs[0][0] if inputs else "x"], [outputs[0][0]], name="n", **attrs))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, getattr(TensorProto, t), [1, 4]) for n, t in inputs],
+                              [helper.make_tensor_value_info(n, getattr(TensorProto, t), [1, 4]) for n, t in outputs])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+@pytest.mark.parametrize("cmd", ["inspect", "compile"])
+@pytest.mark.parametrize("graph,words", [
+    ({"inputs": ()}, ["noinputs.onnx has no inputs; portable-pe compiles only graphs with at least one input"]),
+    ({"inputs": (("s", "STRING"),), "outputs": (("t", "STRING"),), "op": "Identity"},
+     ["noinputs.onnx: input 's' is a string tensor", "numeric tensors"]),
+    ({"outputs": (("s", "STRING"),), "op": "Cast", "to": 8}, ["noinputs.onnx: output 's' is a string tensor"]),  # to: TensorProto.STRING
+    ({"inputs": (("c", "COMPLEX64"),), "outputs": (("d", "COMPLEX64"),), "op": "Identity"},
+     ["input 'c' is a complex64 tensor"]),
+])
+def test_an_onnx_without_inputs_or_with_non_numeric_ones_is_refused_at_load(ws, capsys, cmd, graph, words):
+    """inspect said "every node has a converter" (exit 0) for both; compile ran every stage
+    and blamed the manifest (no inputs) or failed in simplify ("unsupported operand
+    type(s) for -: 'str' and 'str')."""
+    _onnx(ws / "noinputs.onnx", **graph)
+    output = refused(ws, capsys, [cmd, "../noinputs.onnx"], words)
+    assert "[export]" not in output and "converter" not in output  # refused when the file is loaded
+
 # ----------------------------------------------------------------------------- specs
 MODEL = "[model]\nd_model = 64\nn_heads = 4\nn_layers = 2\nd_ff = 128\n"
 
