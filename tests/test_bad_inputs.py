@@ -233,6 +233,26 @@ def test_numbers_out_of_range_name_the_option(ws, capsys, argv, words):
     refused(ws, capsys, [a.format(ws=ws) if isinstance(a, str) else a for a in argv], words)
 
 
+
+def test_compile_lengths_beyond_the_graphs_bounds_are_refused_not_an_empty_fail(ws, capsys):
+    """They compiled, printed an empty parity table marked FAIL and exited 1, nothing on stderr."""
+    output = refused(ws, capsys, ["compile", TINY_SPEC, "--lengths", "7,1000000", "--out", "b"],
+                     ["--lengths 1000000: graph 'tiny_rope' accepts lengths 1..1024"])
+    assert "[load]" not in output  # before any work
+    # an .onnx file's bounds are known only once it is compiled: exit 2 then, the bundle kept and said so
+    import onnx
+    from onnx import TensorProto, helper
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 8])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), ws / "dyn.onnx")
+    code, out, err = cli(capsys, "compile", "../dyn.onnx", "--lengths", "1000000", "--out", "dyn")
+    assert code == 2, err
+    assert "--lengths 1000000: this bundle accepts lengths in 1..4096" in err and "Traceback" not in err
+    assert f"the bundle was written to {Path('dyn').resolve()} but not checked" in err
+    assert len(err.strip().splitlines()) == 1 and "| tvm |" not in out
+    assert (Path("dyn") / "manifest.json").is_file()
+
 # ----------------------------------------------------------------------------- manifests
 def _edit(fn):
     def apply(manifest_path: Path):
