@@ -92,6 +92,11 @@ for where, words in (("notes.txt/x", ("notes.txt",)), ("notes.txt", ("notes.txt"
                      ("/sys/bench", ("/sys",)), ("{ws}/bundle/x", ("inside the bundle",))):
     add("paths", f"bench --out {where!r}", ["bench", TINY, "--out", where, "--lengths", "8", "--batch", "1"], words)
 add("paths", "deploy --json over a user file", ["deploy", B, "--rpc", "127.0.0.1:9", "--json", "notes.txt"], ("notes.txt",))
+# a full disk: the write fails (here at the file size limit, EFBIG) with no filename; the error
+# must name the file, and no half-written file (or .partial sibling) may stay
+add("paths", "run --out on a full disk", run + ["o.npz"], ("o.npz",), file_size_limit=1000)
+add("paths", "parity --json on a full disk", ["parity", B, "--lengths", "3", "--json", "r.json"], ("r.json",),
+    file_size_limit=500)
 
 # ----------------------------------------------------------------------------- files
 EMPTY_ONNX, GARBAGE = b"", b"\x00not a protobuf" * 10

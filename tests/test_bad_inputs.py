@@ -394,6 +394,78 @@ def test_a_killed_writers_leftovers_are_recovered_by_the_next_write(tmp_path, ti
     assert load_bundle(tmp_path / "b").name == tiny_bundle.name
 
 
+
+def _full_write_bytes(self, data):
+    """Path.write_bytes on a disk that fills half way: ENOSPC from write(), naming no file (as the OS does)."""
+    import errno
+    with open(self, "wb") as f:
+        f.write(data[: len(data) // 2])
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def _full_copyfile(src, dst, **_):
+    """shutil.copyfile on a full disk: its sendfile error names the source first, the destination second."""
+    import errno
+    Path(dst).write_bytes(Path(src).read_bytes()[:100])
+    raise OSError(errno.ENOSPC, "No space left on device", str(src), None, str(dst))
+
+
+@pytest.mark.parametrize("content", ["bytes", "copy"])
+def test_a_full_disk_names_the_bundle_file_and_leaves_the_old_bundle(ws, content, monkeypatch):
+    from portable_pe.bundle.artifact import load_bundle, write_bundle
+    from portable_pe.cli.errors import describe
+    old = load_bundle(ws / "bundle")
+    files = {name: old.file(name).read_bytes() if content == "bytes" else ws / "mydir" / "sub" / "b.txt"
+             for name in old.manifest["files"]}
+    manifest = {k: v for k, v in old.manifest.items() if k not in ("files", "format_version")}
+    before = tree(ws)
+    if content == "bytes":
+        monkeypatch.setattr(Path, "write_bytes", _full_write_bytes)
+    else:
+        monkeypatch.setattr(shutil, "copyfile", _full_copyfile)
+    with pytest.raises(OSError) as failed:
+        write_bundle(ws / "bundle", files, manifest)
+    code, message = describe(failed.value)
+    assert code == 2 and message == f"No space left on device: {ws / 'bundle' / next(iter(files))}", message
+    assert tree(ws) == before, "a partial bundle was left, or the old one changed"
+
+
+def test_a_full_disk_names_the_output_file_and_leaves_no_partial_file(ws, capsys, monkeypatch):
+    import errno
+    real = os.fdopen
+
+    class Full:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def write(self, data):
+            self.f.write(data[:10])
+            self.f.flush()
+            raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "fdopen", lambda fd, *a, **k: Full(real(fd, *a, **k)))
+    refused(ws, capsys, ["run", ws / "bundle", "--inputs", ws / "in.npz", "--out", "o.npz"],
+            [f"run: error: No space left on device: {ws / 'work' / 'o.npz'}"])
+
+
+def test_a_full_disk_names_the_stage_dump_and_keeps_the_last_dumps(ws, monkeypatch):
+    from portable_pe.compile.intermediates import Intermediates
+    (ws / "b.intermediates").mkdir()
+    (ws / "b.intermediates" / "01-exported.onnx").write_bytes(b"last run's dump")
+    before = tree(ws)
+    inter = Intermediates(ws / "b")
+    monkeypatch.setattr(Path, "write_bytes", _full_write_bytes)
+    with pytest.raises(OSError, match="No space left on device") as failed:
+        inter.dump("01-exported.onnx", b"x" * 1000)
+    assert failed.value.filename == str(ws / "b.intermediates" / "01-exported.onnx")
+    assert inter.publish() is None  # nothing was dumped: the last dumps stay
+    assert tree(ws) == before
+
 def test_ctrl_c_during_the_tvm_build_is_an_interrupt_not_a_failed_stage(tmp_path):
     """TVM turns the KeyboardInterrupt raised inside its C++ build into a bare RuntimeError;
     the compile must still exit 130, say so, and leave nothing behind."""
