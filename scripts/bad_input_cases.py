@@ -309,11 +309,13 @@ for option, value in (("--threads", "0"), ("--threads", "-2"), ("--threads", "10
 for option, value in (("--trials", "0"), ("--trials", "-5"), ("--lengths", "0"), ("--batch", "0")):
     add("numbers", f"tune {option} {value}", ["tune", TINY, option, value], (option,))
 for option, value in (("--timeout", "0"), ("--timeout", "-1"), ("--timeout", "nan"), ("--rpc", "nohost"),
-                      ("--rpc", "127.0.0.1:0"), ("--rpc", "127.0.0.1:99999"), ("--rpc", "127.0.0.1:x")):
+                      ("--rpc", "127.0.0.1:0"), ("--rpc", "127.0.0.1:99999"), ("--rpc", "127.0.0.1:x"),
+                      ("--rpc", "::1:9090"), ("--rpc", "[foo]:9090"), ("--rpc", "[::1]")):
     extra = [] if option == "--rpc" else ["--rpc", "127.0.0.1:9"]
     add("numbers", f"deploy {option} {value}", ["deploy", B, option, value, *extra], (option,))
 add("numbers", "deploy --tracker without --key", ["deploy", B, "--tracker", "127.0.0.1:9"], ("--key",))
 add("numbers", "deploy to a closed port", ["deploy", B, "--rpc", "127.0.0.1:9", "--timeout", "5"], ("127.0.0.1:9",))
+add("numbers", "deploy to a closed IPv6 port", ["deploy", B, "--rpc", "[::1]:9", "--timeout", "5"], ("[::1]:9",))
 
 # ----------------------------------------------------------------------------- manifests
 

@@ -228,11 +228,23 @@ def test_the_spec_schema_knows_every_encoding_option():
     (["bench", TINY_SPEC, "--threads", "0"], ["argument --threads: expected an integer in 1..1024, got 0"]),
     (["bench", TINY_SPEC, "--batch", "1000", "--out", "bench"], ["--batch 1000: graph 'tiny_rope' accepts batch sizes 1..64"]),
     (["deploy", "{ws}/bundle", "--rpc", "127.0.0.1:9", "--timeout", "nan"], ["argument --timeout: expected seconds"]),
+    (["deploy", "{ws}/bundle", "--rpc", "::1:9090"], ["--rpc '::1:9090': an IPv6 address must be bracketed: write [HOST]:PORT"]),
+    (["deploy", "{ws}/bundle", "--rpc", "[foo]:9090"], ["--rpc '[foo]:9090': [foo] is not an IPv6 address"]),
 ])
 def test_numbers_out_of_range_name_the_option(ws, capsys, argv, words):
     refused(ws, capsys, [a.format(ws=ws) if isinstance(a, str) else a for a in argv], words)
 
 
+
+
+def test_a_bracketed_ipv6_address_is_a_host_not_a_name(ws, capsys):
+    """deploy --rpc [::1]:1 looked up the host name '[::1]' ("Name or service not known")."""
+    from portable_pe.run.deploy import parse_address
+    assert parse_address("[::1]:9090", what="--rpc") == ("::1", 9090)
+    assert parse_address("[fe80::1%eth0]:9090", what="--rpc") == ("fe80::1%eth0", 9090)
+    assert parse_address("board.local:9090", what="--rpc") == ("board.local", 9090)
+    output = refused(ws, capsys, ["deploy", ws / "bundle", "--rpc", "[::1]:1", "--timeout", "5"], ["[::1]:1"])
+    assert "Name or service not known" not in output
 
 def test_compile_lengths_beyond_the_graphs_bounds_are_refused_not_an_empty_fail(ws, capsys):
     """They compiled, printed an empty parity table marked FAIL and exited 1, nothing on stderr."""
