@@ -205,7 +205,8 @@ for label, graph, words in (
         add("files", f"{cmd} an .onnx with {label}", [cmd, "../odd.onnx"], words,
             setup=lambda ws, graph=graph: onnx_typed(ws / "odd.onnx", **graph))
 for shape, words in (("nosuch=1x4", ("nosuch",)), ("x=1x4x4", ("rank",)), ("x=0x4", ("--shape",)),
-                     ("=1x4", ("--shape",)), ("x", ("--shape",)), ("x=1xa", ("--shape",))):
+                     ("=1x4", ("--shape",)), ("x", ("--shape",)), ("x=1xa", ("--shape",)),
+                     ("x=1x2", ("axis 1",))):  # x is [1, 4]: the 2 silently overrode the graph's 4
     add("files", f"compile relu.onnx --shape {shape}", ["compile", "../relu.onnx", "--shape", shape, "--out", "r"], words,
         setup=lambda ws: onnx_graph(ws / "relu.onnx"))
 

@@ -177,6 +177,24 @@ def test_an_onnx_without_inputs_or_with_non_numeric_ones_is_refused_at_load(ws, 
     output = refused(ws, capsys, [cmd, "../noinputs.onnx"], words)
     assert "[export]" not in output and "converter" not in output  # refused when the file is loaded
 
+
+def test_shape_may_pin_only_the_dims_the_graph_leaves_symbolic(ws, capsys):
+    """--shape x=1x2 on x: [N, 8] overrode the 8, and the compile reported PASS."""
+    import onnx
+    from onnx import TensorProto, helper
+    from portable_pe.compile.frontend import fix_input_shapes
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), ws / "n8.onnx")
+    output = refused(ws, capsys, ["compile", "../n8.onnx", "--shape", "x=1x2", "--out", "n8"],
+                     ["--shape x=1x2: axis 1 of input 'x' is fixed to 8 by the graph; --shape pins symbolic dims only",
+                      "--shape x=1x8"])
+    assert "[build]" not in output
+    model = onnx.load(str(ws / "n8.onnx"))
+    fix_input_shapes(model, {"x": [3, 8]})  # the graph's own 8 is fine
+    assert [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim] == [3, 8]
+
 # ----------------------------------------------------------------------------- specs
 MODEL = "[model]\nd_model = 64\nn_heads = 4\nn_layers = 2\nd_ff = 128\n"
 
