@@ -268,7 +268,7 @@ spec(("encoding",), raw='encoding = ["rope"]\n' + toml_text({"name": "bad", "mod
 for field, value in (("max_length", -5), ("max_length", 0), ("max_length", 8), ("max_batch", 0), ("example_length", 0),
                      ("max_length", "long"), ("nope", 1)):
     spec((field,), export={field: value}, name=f"export.{field} = {value!r}")
-for field, value in (("name", "../x"), ("name", ""), ("name", 5), ("seed", -1), ("seed", 1.5), ("description", 5),
+for field, value in (("name", "../x"), ("name", ""), ("name", 5), ("name", "zé"), ("seed", -1), ("seed", 1.5), ("description", 5),
                      ("extra", 1)):
     spec((field,), top={field: value}, name=f"{field} = {value!r}")
 for key in ("name", "model", "encoding"):

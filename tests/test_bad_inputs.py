@@ -206,7 +206,8 @@ MODEL = "[model]\nd_model = 64\nn_heads = 4\nn_layers = 2\nd_ff = 128\n"
     ('name = "b"\n' + MODEL + '[encoding]\nname = "hybrid"\nlayers = 3\n', ["encoding.layers = 3: expected a list of encoding names"]),
     ('name = "b"\n' + MODEL + '[encoding]\nname = "rope"\nrotary_dim = 64\n', ["encoding.rotary_dim = 64: expected an even integer in 2..16"]),
     ('name = "b"\n' + MODEL + '[encoding]\nname = "rope"\n[export]\nmax_length = -5\n', ["export.max_length = -5: expected an integer in 1..1048576"]),
-    ('name = "../b"\n' + MODEL + '[encoding]\nname = "rope"\n', ["name = '../b': expected a name of letters"]),
+    ('name = "../b"\n' + MODEL + '[encoding]\nname = "rope"\n', ["name = '../b': expected a name of ASCII letters"]),
+    ('name = "zé"\n' + MODEL + '[encoding]\nname = "rope"\n', ["name = 'zé': expected a name of ASCII letters, digits"]),
     ('name = "b"\n' + MODEL.replace("n_heads = 4", "n_heads = 4\nnorm_eps = nan") + '[encoding]\nname = "rope"\n',
      ["model.norm_eps = nan: expected a number > 0"]),
 ])
