@@ -367,9 +367,10 @@ def test_compile_for_a_board_says_unverified_not_pass(ws, capsys, monkeypatch, b
 SLOW_WRITER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from portable_pe import artifact, interrupts
-    from portable_pe.artifact import load_bundle
-    from portable_pe.cli_errors import run_command
+    from portable_pe import interrupts
+    from portable_pe.bundle import artifact
+    from portable_pe.bundle.artifact import load_bundle
+    from portable_pe.cli.errors import run_command
     dest, ready = Path(sys.argv[1]), Path(sys.argv[2])
     real = artifact.sha256_file
     def slow(path):
