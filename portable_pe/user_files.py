@@ -37,7 +37,30 @@ def load_onnx_file(path: str | Path):
         raise ValueError(f"{path} is not a valid ONNX model: {first}") from None
     if not model.graph.node or not model.graph.output:
         raise ValueError(f"{path} is not a valid ONNX model: its graph has no nodes or no outputs")
+    initializers = {init.name for init in model.graph.initializer}  # listed as inputs before IR 4
+    if not [vi for vi in model.graph.input if vi.name not in initializers]:
+        raise ValueError(f"{path} has no inputs; portable-pe compiles only graphs with at least one input")
+    for kind, values in (("input", model.graph.input), ("output", model.graph.output)):
+        for vi in values:
+            what = _non_numeric(vi)
+            if what and vi.name not in initializers:
+                raise ValueError(f"{path}: {kind} {vi.name!r} is {what}; portable-pe compiles only graphs whose inputs "
+                                 "and outputs are numeric tensors (float, integer or bool)")
     return model
+
+
+def _non_numeric(vi) -> str:
+    """'a string tensor', 'a sequence', ...: what a graph input or output is when it is no
+    numeric tensor; "" for a numeric tensor (or one whose element type is left open)."""
+    import onnx
+    kind = vi.type.WhichOneof("value")
+    if kind not in (None, "tensor_type"):
+        return {"sequence_type": "a sequence", "map_type": "a map", "optional_type": "an optional",
+                "sparse_tensor_type": "a sparse tensor"}.get(kind, f"of type {kind}")
+    elem = vi.type.tensor_type.elem_type
+    if elem in (onnx.TensorProto.STRING, onnx.TensorProto.COMPLEX64, onnx.TensorProto.COMPLEX128):
+        return f"a {onnx.TensorProto.DataType.Name(elem).lower()} tensor"
+    return ""
 
 
 def load_npz_inputs(path: str | Path, *, option: str = "--inputs") -> dict:

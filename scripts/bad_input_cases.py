@@ -92,6 +92,11 @@ for where, words in (("notes.txt/x", ("notes.txt",)), ("notes.txt", ("notes.txt"
                      ("/sys/bench", ("/sys",)), ("{ws}/bundle/x", ("inside the bundle",))):
     add("paths", f"bench --out {where!r}", ["bench", TINY, "--out", where, "--lengths", "8", "--batch", "1"], words)
 add("paths", "deploy --json over a user file", ["deploy", B, "--rpc", "127.0.0.1:9", "--json", "notes.txt"], ("notes.txt",))
+# a full disk: the write fails (here at the file size limit, EFBIG) with no filename; the error
+# must name the file, and no half-written file (or .partial sibling) may stay
+add("paths", "run --out on a full disk", run + ["o.npz"], ("o.npz",), file_size_limit=1000)
+add("paths", "parity --json on a full disk", ["parity", B, "--lengths", "3", "--json", "r.json"], ("r.json",),
+    file_size_limit=500)
 
 # ----------------------------------------------------------------------------- files
 EMPTY_ONNX, GARBAGE = b"", b"\x00not a protobuf" * 10
@@ -163,12 +168,12 @@ add("files", "run --inputs a folder", ["run", B, "--inputs", "../mydir", "--out"
 add("files", "run --inputs missing", ["run", B, "--inputs", "missing.npz", "--out", "o.npz"], ("missing.npz",))
 
 
-def onnx_graph(path, *, op="Relu", inputs=(("x", [1, 4]),), outputs=True):
+def onnx_graph(path, *, op="Relu", inputs=(("x", [1, 4]),), outputs=True, out_shape=(1, 4)):
     import onnx
     from onnx import TensorProto, helper
     node = helper.make_node(op, ["x"], ["y"], name=f"my_{op.lower()}")
     ins = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs]
-    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])] if outputs else []
+    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(out_shape))] if outputs else []
     onnx.save(helper.make_model(helper.make_graph([node], "g", ins, outs),
                                 opset_imports=[helper.make_opsetid("", 17)]), path)
 
@@ -177,8 +182,31 @@ add("files", "compile an .onnx with an unsupported op", ["compile", "../celu.onn
     setup=lambda ws: onnx_graph(ws / "celu.onnx", op="Celu"))
 add("files", "inspect an .onnx with an unsupported op", ["inspect", "../celu.onnx"], ("Celu",), rc=(1,),
     setup=lambda ws: onnx_graph(ws / "celu.onnx", op="Celu"))
+
+
+def onnx_typed(path, *, inputs=(("x", "FLOAT"),), outputs=(("y", "FLOAT"),), op="Relu", **attrs):
+    """A one-node graph with these input and output element types (no inputs: fed by a Constant)."""
+    import onnx
+    from onnx import TensorProto, helper
+    nodes = [] if inputs else [helper.make_node("Constant", [], ["x"], value=helper.make_tensor(
+        "v", TensorProto.FLOAT, [1, 4], [1.0, 2.0, 3.0, 4.0]))]
+    nodes.append(helper.make_node(op, [inputs[0][0] if inputs else "x"], [outputs[0][0]], **attrs))
+    info = [[helper.make_tensor_value_info(n, getattr(TensorProto, t), [1, 4]) for n, t in values]
+            for values in (inputs, outputs)]
+    onnx.save(helper.make_model(helper.make_graph(nodes, "g", *info), opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+for label, graph, words in (
+        ("no inputs", {"inputs": ()}, ("odd.onnx has no inputs",)),
+        ("a string input", {"inputs": (("s", "STRING"),), "outputs": (("t", "STRING"),), "op": "Identity"}, ("'s'",)),
+        ("a string output", {"outputs": (("s", "STRING"),), "op": "Cast", "to": 8}, ("'s'",)),
+        ("a complex input", {"inputs": (("c", "COMPLEX64"),), "outputs": (("d", "COMPLEX64"),), "op": "Identity"}, ("'c'",))):
+    for cmd in ("compile", "inspect"):
+        add("files", f"{cmd} an .onnx with {label}", [cmd, "../odd.onnx"], words,
+            setup=lambda ws, graph=graph: onnx_typed(ws / "odd.onnx", **graph))
 for shape, words in (("nosuch=1x4", ("nosuch",)), ("x=1x4x4", ("rank",)), ("x=0x4", ("--shape",)),
-                     ("=1x4", ("--shape",)), ("x", ("--shape",)), ("x=1xa", ("--shape",))):
+                     ("=1x4", ("--shape",)), ("x", ("--shape",)), ("x=1xa", ("--shape",)),
+                     ("x=1x2", ("axis 1",))):  # x is [1, 4]: the 2 silently overrode the graph's 4
     add("files", f"compile relu.onnx --shape {shape}", ["compile", "../relu.onnx", "--shape", shape, "--out", "r"], words,
         setup=lambda ws: onnx_graph(ws / "relu.onnx"))
 
@@ -240,7 +268,7 @@ spec(("encoding",), raw='encoding = ["rope"]\n' + toml_text({"name": "bad", "mod
 for field, value in (("max_length", -5), ("max_length", 0), ("max_length", 8), ("max_batch", 0), ("example_length", 0),
                      ("max_length", "long"), ("nope", 1)):
     spec((field,), export={field: value}, name=f"export.{field} = {value!r}")
-for field, value in (("name", "../x"), ("name", ""), ("name", 5), ("seed", -1), ("seed", 1.5), ("description", 5),
+for field, value in (("name", "../x"), ("name", ""), ("name", 5), ("name", "zé"), ("seed", -1), ("seed", 1.5), ("description", 5),
                      ("extra", 1)):
     spec((field,), top={field: value}, name=f"{field} = {value!r}")
 for key in ("name", "model", "encoding"):
@@ -264,6 +292,14 @@ for value in ("0", "-1", "x"):
 add("numbers", "compile --seq-len above the graph's max", ["compile", TINY, "--target", "npu", "--seq-len", "5000", "--out", "n"],
     ("--seq-len",))
 add("numbers", "compile --lengths 0", ["compile", TINY, "--lengths", "0"], ("--lengths",))
+for value in ("1000000", "7,5000"):  # were compiled first (1000000: an empty parity table marked FAIL, exit 1)
+    add("numbers", f"compile --lengths {value} beyond the graph's max_length", ["compile", TINY, "--lengths", value, "--out", "n"],
+        ("--lengths",))
+add("numbers", "compile an .onnx with --lengths beyond its bounds (the bundle stays, said so)",
+    ["compile", "../dyn.onnx", "--lengths", "1000000", "--out", "dyn"], ("--lengths 1000000", "written to"),
+    writes=("work/dyn",), setup=lambda ws: onnx_graph(ws / "dyn.onnx", inputs=(("x", ["batch", "seq", 4]),),
+                                                       out_shape=["batch", "seq", 4]),
+    check=lambda ws, r, before: "" if (ws / "work" / "dyn" / "manifest.json").is_file() else "the bundle was not kept")
 add("numbers", "compile --seq-len without --target npu", ["compile", TINY, "--seq-len", "64", "--out", "n"], ("seq_len",))
 add("numbers", "compile --arch for llvm", ["compile", TINY, "--arch", "sm_80", "--out", "n"], ("arch",))
 add("numbers", "compile --target cuda --arch sm_x", ["compile", TINY, "--target", "cuda", "--arch", "sm_x", "--out", "n"], ("sm_x",))
@@ -274,11 +310,13 @@ for option, value in (("--threads", "0"), ("--threads", "-2"), ("--threads", "10
 for option, value in (("--trials", "0"), ("--trials", "-5"), ("--lengths", "0"), ("--batch", "0")):
     add("numbers", f"tune {option} {value}", ["tune", TINY, option, value], (option,))
 for option, value in (("--timeout", "0"), ("--timeout", "-1"), ("--timeout", "nan"), ("--rpc", "nohost"),
-                      ("--rpc", "127.0.0.1:0"), ("--rpc", "127.0.0.1:99999"), ("--rpc", "127.0.0.1:x")):
+                      ("--rpc", "127.0.0.1:0"), ("--rpc", "127.0.0.1:99999"), ("--rpc", "127.0.0.1:x"),
+                      ("--rpc", "::1:9090"), ("--rpc", "[foo]:9090"), ("--rpc", "[::1]")):
     extra = [] if option == "--rpc" else ["--rpc", "127.0.0.1:9"]
     add("numbers", f"deploy {option} {value}", ["deploy", B, option, value, *extra], (option,))
 add("numbers", "deploy --tracker without --key", ["deploy", B, "--tracker", "127.0.0.1:9"], ("--key",))
 add("numbers", "deploy to a closed port", ["deploy", B, "--rpc", "127.0.0.1:9", "--timeout", "5"], ("127.0.0.1:9",))
+add("numbers", "deploy to a closed IPv6 port", ["deploy", B, "--rpc", "[::1]:9", "--timeout", "5"], ("[::1]:9",))
 
 # ----------------------------------------------------------------------------- manifests
 
@@ -338,6 +376,24 @@ add("manifests", "run: tampered model.so with the checksum list removed",
     setup=steps(manifest_edit(lambda m: m.pop("files") and None), tamper("model.so")))
 for rel in ("model.so", "model.onnx", "reference.npz", "run_on_board.py"):
     add("manifests", f"parity: tampered {rel}", ["parity", B, "--lengths", "3"], (rel,), setup=tamper(rel))
+
+
+def truncate_so(keep):
+    """model.so cut to `keep` bytes (negative: that many off its end), its checksum updated to match."""
+    def setup(ws):
+        import hashlib
+        so = ws / "bundle" / "model.so"
+        so.write_bytes(so.read_bytes()[:keep])
+        manifest_edit(lambda m: m["files"].update({"model.so": hashlib.sha256(so.read_bytes()).hexdigest()}))(ws)
+    return setup
+
+
+for keep in (100_000, -100):  # 100000: TVM's load_module died by SIGBUS (exit 135), no message
+    for cmd in (("run", B, "--inputs", "{ws}/in.npz", "--out", "o.npz"), ("parity", B, "--lengths", "3"),
+                ("deploy", B, "--rpc", "127.0.0.1:9", "--timeout", "5")):
+        cut = f"to {keep} bytes" if keep > 0 else f"by {-keep} bytes"
+        add("manifests", f"{cmd[0]}: model.so truncated {cut}, checksum updated", list(cmd),
+            ("model.so is truncated",), setup=truncate_so(keep))
 add("manifests", "inspect: model.so deleted", ["inspect", B], ("model.so",), setup=lambda ws: (ws / "bundle" / "model.so").unlink())
 add("manifests", "inspect: an unlisted file added", ["inspect", B], ("extra.txt",), setup=write("bundle/extra.txt", "x"))
 add("manifests", "inspect: manifest.json is a folder", ["inspect", B], ("manifest.json",),

@@ -48,7 +48,7 @@ TINY_SPEC = ROOT / "tests" / "data" / "tiny_rope.toml"
 EXPECTED_WORDS = re.compile(
     r"expect|must|valid|allowed|accepts|choose from|refus|give |only |not a |is a (file|folder)|"
     r"does not exist|no such|cannot|missing|unknown|exceeds|outside|lacks|required|interrupted|"
-    r"being written|not match|damaged|corrupt|empty|permission", re.IGNORECASE)
+    r"being written|not match|damaged|corrupt|empty|permission|no space left|file too large", re.IGNORECASE)
 CLASSES = ("clean", "unclear", "wrong exit", "data loss", "traceback", "probe error")
 
 
@@ -65,6 +65,9 @@ class Case:
     twin: bool = False                    # run the same command twice at once (concurrency)
     #: an extra check (ws, result, digest before); a non-empty answer is data loss
     check: Callable[[Path, "Result", dict], str] | None = None
+    #: bytes: the command's RLIMIT_FSIZE (`ulimit -f`), a disk that fills: a write beyond it
+    #: fails with EFBIG, naming no file, as a full disk's ENOSPC does
+    file_size_limit: int | None = None
 
 
 @dataclass
@@ -127,7 +130,7 @@ def run_case(case: Case, ws: Path, cache: Path, timeout: float) -> Result:
     else:
         try:
             proc = subprocess.run(cli_command(argv), cwd=work, env=env, capture_output=True, text=True,
-                                  timeout=timeout)
+                                  timeout=timeout, preexec_fn=_file_size_limit(case.file_size_limit))
             rc, out, err = proc.returncode, proc.stdout, proc.stderr
         except subprocess.TimeoutExpired as exc:
             rc, out, err = None, str(exc.stdout or ""), f"timed out after {timeout:g} s"
@@ -135,6 +138,16 @@ def run_case(case: Case, ws: Path, cache: Path, timeout: float) -> Result:
     result = Result(case, rc, out, err, time.perf_counter() - start, extra=extra)
     classify(result, ws, before, tree_digest(ws))
     return result
+
+
+def _file_size_limit(limit: int | None):
+    if limit is None:
+        return None
+
+    def apply():
+        import resource
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
 
 
 def _signalled(argv, cwd, env, spec, timeout):

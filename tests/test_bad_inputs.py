@@ -147,6 +147,54 @@ def test_files_that_are_not_what_was_asked_for(ws, capsys, argv, words):
     refused(ws, capsys, [a.format(ws=ws) if isinstance(a, str) else a for a in argv], words)
 
 
+
+def _onnx(path: Path, *, inputs=(("x", "FLOAT"),), outputs=(("y", "FLOAT"),), op="Relu", **attrs) -> None:
+    """A one-node graph: `op` from the first input (a Constant when there is none) to the outputs."""
+    import onnx
+    from onnx import TensorProto, helper
+    nodes = [] if inputs else [helper.make_node("Constant", [], ["x"], value=helper.make_tensor(
+        "v", TensorProto.FLOAT, [1, 4], [1.0, 2.0, 3.0, 4.0]))]
+    nodes.append(helper.make_node(op, [inputs[0][0] if inputs else "x"], [outputs[0][0]], name="n", **attrs))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, getattr(TensorProto, t), [1, 4]) for n, t in inputs],
+                              [helper.make_tensor_value_info(n, getattr(TensorProto, t), [1, 4]) for n, t in outputs])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+@pytest.mark.parametrize("cmd", ["inspect", "compile"])
+@pytest.mark.parametrize("graph,words", [
+    ({"inputs": ()}, ["noinputs.onnx has no inputs; portable-pe compiles only graphs with at least one input"]),
+    ({"inputs": (("s", "STRING"),), "outputs": (("t", "STRING"),), "op": "Identity"},
+     ["noinputs.onnx: input 's' is a string tensor", "numeric tensors"]),
+    ({"outputs": (("s", "STRING"),), "op": "Cast", "to": 8}, ["noinputs.onnx: output 's' is a string tensor"]),  # to: TensorProto.STRING
+    ({"inputs": (("c", "COMPLEX64"),), "outputs": (("d", "COMPLEX64"),), "op": "Identity"},
+     ["input 'c' is a complex64 tensor"]),
+])
+def test_an_onnx_without_inputs_or_with_non_numeric_ones_is_refused_at_load(ws, capsys, cmd, graph, words):
+    """inspect said "every node has a converter" (exit 0) for both; compile ran every stage
+    and blamed the manifest (no inputs) or failed in simplify ("unsupported operand
+    type(s) for -: 'str' and 'str')."""
+    _onnx(ws / "noinputs.onnx", **graph)
+    output = refused(ws, capsys, [cmd, "../noinputs.onnx"], words)
+    assert "[export]" not in output and "converter" not in output  # refused when the file is loaded
+
+
+def test_shape_may_pin_only_the_dims_the_graph_leaves_symbolic(ws, capsys):
+    """--shape x=1x2 on x: [N, 8] overrode the 8, and the compile reported PASS."""
+    import onnx
+    from onnx import TensorProto, helper
+    from portable_pe.compile.frontend import fix_input_shapes
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), ws / "n8.onnx")
+    output = refused(ws, capsys, ["compile", "../n8.onnx", "--shape", "x=1x2", "--out", "n8"],
+                     ["--shape x=1x2: axis 1 of input 'x' is fixed to 8 by the graph; --shape pins symbolic dims only",
+                      "--shape x=1x8"])
+    assert "[build]" not in output
+    model = onnx.load(str(ws / "n8.onnx"))
+    fix_input_shapes(model, {"x": [3, 8]})  # the graph's own 8 is fine
+    assert [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim] == [3, 8]
+
 # ----------------------------------------------------------------------------- specs
 MODEL = "[model]\nd_model = 64\nn_heads = 4\nn_layers = 2\nd_ff = 128\n"
 
@@ -158,7 +206,8 @@ MODEL = "[model]\nd_model = 64\nn_heads = 4\nn_layers = 2\nd_ff = 128\n"
     ('name = "b"\n' + MODEL + '[encoding]\nname = "hybrid"\nlayers = 3\n', ["encoding.layers = 3: expected a list of encoding names"]),
     ('name = "b"\n' + MODEL + '[encoding]\nname = "rope"\nrotary_dim = 64\n', ["encoding.rotary_dim = 64: expected an even integer in 2..16"]),
     ('name = "b"\n' + MODEL + '[encoding]\nname = "rope"\n[export]\nmax_length = -5\n', ["export.max_length = -5: expected an integer in 1..1048576"]),
-    ('name = "../b"\n' + MODEL + '[encoding]\nname = "rope"\n', ["name = '../b': expected a name of letters"]),
+    ('name = "../b"\n' + MODEL + '[encoding]\nname = "rope"\n', ["name = '../b': expected a name of ASCII letters"]),
+    ('name = "zé"\n' + MODEL + '[encoding]\nname = "rope"\n', ["name = 'zé': expected a name of ASCII letters, digits"]),
     ('name = "b"\n' + MODEL.replace("n_heads = 4", "n_heads = 4\nnorm_eps = nan") + '[encoding]\nname = "rope"\n',
      ["model.norm_eps = nan: expected a number > 0"]),
 ])
@@ -198,10 +247,42 @@ def test_the_spec_schema_knows_every_encoding_option():
     (["bench", TINY_SPEC, "--threads", "0"], ["argument --threads: expected an integer in 1..1024, got 0"]),
     (["bench", TINY_SPEC, "--batch", "1000", "--out", "bench"], ["--batch 1000: graph 'tiny_rope' accepts batch sizes 1..64"]),
     (["deploy", "{ws}/bundle", "--rpc", "127.0.0.1:9", "--timeout", "nan"], ["argument --timeout: expected seconds"]),
+    (["deploy", "{ws}/bundle", "--rpc", "::1:9090"], ["--rpc '::1:9090': an IPv6 address must be bracketed: write [HOST]:PORT"]),
+    (["deploy", "{ws}/bundle", "--rpc", "[foo]:9090"], ["--rpc '[foo]:9090': [foo] is not an IPv6 address"]),
 ])
 def test_numbers_out_of_range_name_the_option(ws, capsys, argv, words):
     refused(ws, capsys, [a.format(ws=ws) if isinstance(a, str) else a for a in argv], words)
 
+
+
+
+def test_a_bracketed_ipv6_address_is_a_host_not_a_name(ws, capsys):
+    """deploy --rpc [::1]:1 looked up the host name '[::1]' ("Name or service not known")."""
+    from portable_pe.run.deploy import parse_address
+    assert parse_address("[::1]:9090", what="--rpc") == ("::1", 9090)
+    assert parse_address("[fe80::1%eth0]:9090", what="--rpc") == ("fe80::1%eth0", 9090)
+    assert parse_address("board.local:9090", what="--rpc") == ("board.local", 9090)
+    output = refused(ws, capsys, ["deploy", ws / "bundle", "--rpc", "[::1]:1", "--timeout", "5"], ["[::1]:1"])
+    assert "Name or service not known" not in output
+
+def test_compile_lengths_beyond_the_graphs_bounds_are_refused_not_an_empty_fail(ws, capsys):
+    """They compiled, printed an empty parity table marked FAIL and exited 1, nothing on stderr."""
+    output = refused(ws, capsys, ["compile", TINY_SPEC, "--lengths", "7,1000000", "--out", "b"],
+                     ["--lengths 1000000: graph 'tiny_rope' accepts lengths 1..1024"])
+    assert "[load]" not in output  # before any work
+    # an .onnx file's bounds are known only once it is compiled: exit 2 then, the bundle kept and said so
+    import onnx
+    from onnx import TensorProto, helper
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 8])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), ws / "dyn.onnx")
+    code, out, err = cli(capsys, "compile", "../dyn.onnx", "--lengths", "1000000", "--out", "dyn")
+    assert code == 2, err
+    assert "--lengths 1000000: this bundle accepts lengths in 1..4096" in err and "Traceback" not in err
+    assert f"the bundle was written to {Path('dyn').resolve()} but not checked" in err
+    assert len(err.strip().splitlines()) == 1 and "| tvm |" not in out
+    assert (Path("dyn") / "manifest.json").is_file()
 
 # ----------------------------------------------------------------------------- manifests
 def _edit(fn):
@@ -234,6 +315,37 @@ def test_a_manifest_off_the_schema_is_refused_before_anything_runs(ws, capsys, c
             "run": ["run", ws / "bundle", "--inputs", ws / "in.npz", "--out", "o.npz"]}[command]
     refused(ws, capsys, argv, ["manifest.json", *words])
 
+
+
+def _truncate_so(bundle: Path, keep: int) -> None:
+    """model.so cut to `keep` bytes (negative: that many off its end), its checksum updated to match."""
+    so = bundle / "model.so"
+    data = so.read_bytes()
+    so.write_bytes(data[:keep])
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["files"]["model.so"] = hashlib.sha256(so.read_bytes()).hexdigest()
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("keep,why", [
+    (100_000, "ends at byte"),         # segments past the end: TVM's load_module died by SIGBUS (exit 135)
+    (-100, "section header table"),    # only the section headers cut
+    (40, "ELF header is cut short"),
+])
+@pytest.mark.parametrize("command", ["run", "parity", "deploy"])
+def test_a_truncated_model_so_with_a_matching_checksum_is_refused_before_loading(ws, capsys, keep, why, command):
+    _truncate_so(ws / "bundle", keep)
+    argv = {"run": ["run", ws / "bundle", "--inputs", ws / "in.npz", "--out", "o.npz"],
+            "parity": ["parity", ws / "bundle", "--lengths", "3"],
+            "deploy": ["deploy", ws / "bundle", "--rpc", "127.0.0.1:9", "--timeout", "5"]}[command]
+    refused(ws, capsys, argv, ["model.so is truncated or not a shared library", why])
+
+
+def test_a_model_so_that_is_no_elf_file_is_refused(ws, capsys):
+    from portable_pe.bundle.shared_library import check_shared_library
+    check_shared_library(ws / "bundle" / "model.so")  # the good one passes
+    with pytest.raises(ValueError, match="notes.txt is truncated or not a shared library: no ELF header"):
+        check_shared_library(ws / "notes.txt")
 
 # ----------------------------------------------------------------------------- parity verdicts
 def test_compile_for_a_board_says_unverified_not_pass(ws, capsys, monkeypatch, bundle_factory):
@@ -313,6 +425,78 @@ def test_a_killed_writers_leftovers_are_recovered_by_the_next_write(tmp_path, ti
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]
     assert load_bundle(tmp_path / "b").name == tiny_bundle.name
 
+
+
+def _full_write_bytes(self, data):
+    """Path.write_bytes on a disk that fills half way: ENOSPC from write(), naming no file (as the OS does)."""
+    import errno
+    with open(self, "wb") as f:
+        f.write(data[: len(data) // 2])
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def _full_copyfile(src, dst, **_):
+    """shutil.copyfile on a full disk: its sendfile error names the source first, the destination second."""
+    import errno
+    Path(dst).write_bytes(Path(src).read_bytes()[:100])
+    raise OSError(errno.ENOSPC, "No space left on device", str(src), None, str(dst))
+
+
+@pytest.mark.parametrize("content", ["bytes", "copy"])
+def test_a_full_disk_names_the_bundle_file_and_leaves_the_old_bundle(ws, content, monkeypatch):
+    from portable_pe.bundle.artifact import load_bundle, write_bundle
+    from portable_pe.cli.errors import describe
+    old = load_bundle(ws / "bundle")
+    files = {name: old.file(name).read_bytes() if content == "bytes" else ws / "mydir" / "sub" / "b.txt"
+             for name in old.manifest["files"]}
+    manifest = {k: v for k, v in old.manifest.items() if k not in ("files", "format_version")}
+    before = tree(ws)
+    if content == "bytes":
+        monkeypatch.setattr(Path, "write_bytes", _full_write_bytes)
+    else:
+        monkeypatch.setattr(shutil, "copyfile", _full_copyfile)
+    with pytest.raises(OSError) as failed:
+        write_bundle(ws / "bundle", files, manifest)
+    code, message = describe(failed.value)
+    assert code == 2 and message == f"No space left on device: {ws / 'bundle' / next(iter(files))}", message
+    assert tree(ws) == before, "a partial bundle was left, or the old one changed"
+
+
+def test_a_full_disk_names_the_output_file_and_leaves_no_partial_file(ws, capsys, monkeypatch):
+    import errno
+    real = os.fdopen
+
+    class Full:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def write(self, data):
+            self.f.write(data[:10])
+            self.f.flush()
+            raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "fdopen", lambda fd, *a, **k: Full(real(fd, *a, **k)))
+    refused(ws, capsys, ["run", ws / "bundle", "--inputs", ws / "in.npz", "--out", "o.npz"],
+            [f"run: error: No space left on device: {ws / 'work' / 'o.npz'}"])
+
+
+def test_a_full_disk_names_the_stage_dump_and_keeps_the_last_dumps(ws, monkeypatch):
+    from portable_pe.compile.intermediates import Intermediates
+    (ws / "b.intermediates").mkdir()
+    (ws / "b.intermediates" / "01-exported.onnx").write_bytes(b"last run's dump")
+    before = tree(ws)
+    inter = Intermediates(ws / "b")
+    monkeypatch.setattr(Path, "write_bytes", _full_write_bytes)
+    with pytest.raises(OSError, match="No space left on device") as failed:
+        inter.dump("01-exported.onnx", b"x" * 1000)
+    assert failed.value.filename == str(ws / "b.intermediates" / "01-exported.onnx")
+    assert inter.publish() is None  # nothing was dumped: the last dumps stay
+    assert tree(ws) == before
 
 def test_ctrl_c_during_the_tvm_build_is_an_interrupt_not_a_failed_stage(tmp_path):
     """TVM turns the KeyboardInterrupt raised inside its C++ build into a bare RuntimeError;

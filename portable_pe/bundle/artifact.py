@@ -18,7 +18,7 @@ from pathlib import Path
 from .lock import bundle_lock
 from ..interrupts import deferred
 from .manifest import ManifestError, validate_manifest
-from .paths import MANIFEST, bundle_destination
+from .paths import MANIFEST, bundle_destination, naming
 
 #: 2: reference.npz is indexed by the manifest's reference.cases (bundle/reference.py)
 FORMAT_VERSION = 2
@@ -71,14 +71,16 @@ def write_bundle(dest: Path, files: dict[str, Path | bytes], manifest: dict, *,
         try:
             for name, content in files.items():
                 (tmp / name).parent.mkdir(parents=True, exist_ok=True)  # e.g. rknn/model.rknn
-                if isinstance(content, bytes):
-                    (tmp / name).write_bytes(content)
-                else:
-                    shutil.copyfile(content, tmp / name)
+                with naming(dest / name):  # a full disk: say which file of the bundle
+                    if isinstance(content, bytes):
+                        (tmp / name).write_bytes(content)
+                    else:
+                        shutil.copyfile(content, tmp / name)
             manifest = {**manifest, "format_version": FORMAT_VERSION,
                         "files": {name: sha256_file(tmp / name) for name in sorted(files)}}
             validate_manifest(manifest, where=f"{dest / MANIFEST} (being written)")
-            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+            with naming(dest / MANIFEST):
+                (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
             with deferred():
                 if dest.exists():
                     dest.rename(old)

@@ -4,6 +4,7 @@
     output_file(path, kind=)    run --out, --json: a new file, or one of the same kind
     output_folder(path)         bench --out: a folder (new or existing) to put reports in
     write_file_atomically(path, data)
+    naming(path)                an OSError while writing path says which path (a full disk)
 
 Never, even with force: "" (the shell's empty "$UNSET"), ".", a parent of the working
 directory, the home folder or the portable-pe checkout; nor a path inside a bundle (a
@@ -12,6 +13,7 @@ bundle holds exactly the files its manifest lists).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -102,12 +104,26 @@ def write_file_atomically(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
     try:
-        with os.fdopen(fd, "wb") as f:
+        with naming(path), os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+@contextlib.contextmanager
+def naming(path: Path):
+    """Re-raise an OSError that names no file, or names only the source of a copy, as one
+    that names `path`, the file being written: a full disk's "No space left on device"
+    comes from write() and close() without a filename (shutil.copyfile names the source
+    first), and the CLI's one line (cli/errors.py describe) should say where."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno is None or (err.filename is not None and err.filename2 is None):
+            raise
+        raise OSError(err.errno, err.strerror or os.strerror(err.errno), str(path)) from err
 
 
 def _resolved(path: str | Path, option: str) -> Path:

@@ -39,6 +39,8 @@ def cmd_compile(args) -> int:
     if Path(args.graph).suffix != ".onnx":  # the same: a bad spec is refused before torch loads
         from ..spec.graphs import read_spec
         read_spec(args.graph)
+        if args.lengths:  # lengths the graph can never take, refused before the compile (not an empty FAIL after it)
+            _refuse_beyond_spec(args.graph, lengths=args.lengths, batches=(1,))
     from ..compile.pipeline import compile_graph
     from ..npu.simulator import vendor_runners
     from ..run.parity import DEFAULT_LENGTHS, check_bundle, usable_lengths
@@ -49,6 +51,13 @@ def cmd_compile(args) -> int:
                            target_options=chosen_target_options(args), pe_tables=args.pe_tables, tuning=not args.no_tuning,
                            exporter=args.exporter, precision=args.precision, force=args.force, log=lambda m: print(m, flush=True))
     lengths = usable_lengths(bundle.manifest, args.lengths or DEFAULT_LENGTHS)
+    if args.lengths and not lengths:  # an .onnx file's bounds are known only now
+        from ..run.parity import check_request
+        try:
+            check_request(bundle.manifest, lengths=args.lengths)
+        except ValueError as err:
+            raise ValueError(f"{err}; the bundle was written to {bundle.path} but not checked: run "
+                             f"`portable-pe parity {bundle.path} --lengths N` with lengths it accepts") from None
     skipped = sorted(set(args.lengths or ()) - set(lengths))
     if skipped:
         print(f"note: --lengths {','.join(map(str, skipped))} skipped: outside what the bundle accepts", flush=True)
@@ -257,12 +266,18 @@ def _bench_precheck(args, settings) -> None:
     for bundle in bundles:
         check_request(bundle.manifest, lengths=settings.lengths, batch=max(settings.batches))
     if not bundles and Path(args.graph).suffix != ".onnx":
-        from ..spec.graphs import load_graph
-        spec = load_graph(args.graph)
-        if max(settings.lengths) > spec.max_length:
-            raise ValueError(f"--lengths {max(settings.lengths)}: graph {spec.name!r} accepts lengths 1..{spec.max_length}")
-        if max(settings.batches) > spec.max_batch:
-            raise ValueError(f"--batch {max(settings.batches)}: graph {spec.name!r} accepts batch sizes 1..{spec.max_batch}")
+        _refuse_beyond_spec(args.graph, lengths=settings.lengths, batches=settings.batches)
+
+
+def _refuse_beyond_spec(graph, *, lengths, batches) -> None:
+    """Lengths or batch sizes beyond a graph spec's export bounds, refused before a compile."""
+    from ..spec.graphs import load_graph
+    spec = load_graph(graph)  # max_length as the encoding caps it (a learned table's size)
+    beyond = sorted(n for n in set(lengths) if n > spec.max_length)
+    if beyond:
+        raise ValueError(f"--lengths {','.join(map(str, beyond))}: graph {spec.name!r} accepts lengths 1..{spec.max_length}")
+    if max(batches) > spec.max_batch:
+        raise ValueError(f"--batch {max(batches)}: graph {spec.name!r} accepts batch sizes 1..{spec.max_batch}")
 
 
 def cmd_guide(args) -> int:

@@ -32,7 +32,8 @@ def import_onnx(model: onnx.ModelProto, *, shape_dict: dict | None = None):
 
 
 def fix_input_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> None:
-    """--shape name=1x128: pin an input's dims (the rest of the graph is re-inferred later)."""
+    """--shape name=1x128: pin an input's symbolic dims (the rest of the graph is re-inferred
+    later); a dim the graph fixes may be given only as that value."""
     inputs = {vi.name: vi for vi in model.graph.input}
     for name, dims in shapes.items():
         if name not in inputs:
@@ -42,6 +43,14 @@ def fix_input_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> No
         if len(shape.dim) != len(dims):
             raise ValueError(f"--shape {name}={'x'.join(map(str, dims))} gives {len(dims)} sizes; expected "
                              f"{len(shape.dim)} (input {name!r} has rank {len(shape.dim)})")
+        for axis, (dim, size) in enumerate(zip(shape.dim, dims)):
+            if dim.WhichOneof("value") == "dim_value" and dim.dim_value != size:
+                given = "x".join(map(str, dims))
+                fixed = "x".join(str(d.dim_value) if d.WhichOneof("value") == "dim_value" else str(n)
+                                 for d, n in zip(shape.dim, dims))
+                raise ValueError(f"--shape {name}={given}: axis {axis} of input {name!r} is fixed to {dim.dim_value} "
+                                 f"by the graph; --shape pins symbolic dims only (give {dim.dim_value} there: "
+                                 f"--shape {name}={fixed})")
         for dim, size in zip(shape.dim, dims):
             dim.Clear()
             dim.dim_value = size

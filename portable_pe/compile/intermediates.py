@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 
 from ..interrupts import deferred
-from ..bundle.paths import OutputPathError
+from ..bundle.paths import OutputPathError, naming
 
 _DUMP_NAME = re.compile(r"\d\d-[\w.-]+")
 
@@ -31,7 +31,14 @@ class Intermediates:
     def dump(self, filename: str, content: str | bytes) -> None:
         self.staging.mkdir(parents=True, exist_ok=True)
         path = self.staging / filename
-        path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
+        try:
+            with naming(self.dest / filename):  # a full disk: say which dump
+                path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
+        except BaseException:  # no half-written dump; no empty staging folder to replace the last dumps with
+            path.unlink(missing_ok=True)
+            if not any(self.staging.iterdir()):
+                self.staging.rmdir()
+            raise
 
     def publish(self) -> Path | None:
         """Move this compile's dumps into place; None when there were none."""

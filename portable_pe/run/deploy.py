@@ -22,6 +22,7 @@ import numpy as np
 
 from ..bundle.artifact import Bundle, load_bundle
 from ..bundle.reference import bundle_cases
+from ..bundle.shared_library import check_shared_library
 from .parity import ParityReport, check_bundle, compare
 from .local import check_inputs, entry_for, _outputs
 
@@ -35,24 +36,44 @@ class DeployError(RuntimeError):
 
 
 def parse_address(text: str, *, what: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
+    """(host, port) of HOST:PORT, or [HOST]:PORT for an IPv6 address ("[::1]:9090" -> "::1")."""
+    import ipaddress
+    if text.startswith("["):
+        host, sep, port = text[1:].partition("]:")
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            if sep:
+                raise ValueError(f"{what} {text!r}: [{host}] is not an IPv6 address; expected [HOST]:PORT "
+                                 "with an IPv6 address in the brackets, e.g. [::1]:9190") from None
+    else:
+        host, sep, port = text.rpartition(":")
+        if ":" in host:
+            raise ValueError(f"{what} {text!r}: an IPv6 address must be bracketed: write [HOST]:PORT, "
+                             "e.g. [::1]:9190")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{what} must be HOST:PORT (e.g. 127.0.0.1:9190), got {text!r}")
+        raise ValueError(f"{what} must be HOST:PORT (e.g. 127.0.0.1:9190, or [::1]:9190 for IPv6), got {text!r}")
     return host, int(port)
+
+
+def show_address(host: str, port: int) -> str:
+    """HOST:PORT as parse_address reads it back: [::1]:9090 for an IPv6 host."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def probe(host: str, port: int, *, timeout: float, what: str) -> None:
     """Fail fast when nothing listens (TVM's own connect retries refused tracker ports for 60 s)."""
+    where = show_address(host, port)
     try:
         socket.create_connection((host, port), timeout=timeout).close()
     except ConnectionRefusedError:
         start = (f"start one: `python -m tvm.exec.rpc_tracker --host 0.0.0.0 --port {port}`" if "tracker" in what
                  else "for the emulated board: `python scripts/board_server.py start`")
-        raise DeployError(f"{what} {host}:{port} refused the connection: nothing listens there ({start})") from None
+        raise DeployError(f"{what} {where} refused the connection: nothing listens there ({start})") from None
     except socket.timeout:
-        raise DeployError(f"{what} {host}:{port} did not answer within {timeout:g} s") from None
+        raise DeployError(f"{what} {where} did not answer within {timeout:g} s") from None
     except OSError as err:
-        raise DeployError(f"cannot reach {what} {host}:{port}: {err.strerror or err}") from None
+        raise DeployError(f"cannot reach {what} {where}: {err.strerror or err}") from None
 
 
 def bounded(fn, *, timeout: float, what: str):
@@ -90,24 +111,26 @@ def connect(*, rpc: str | None = None, tracker: str | None = None, key: str | No
     wait = min(timeout, 30.0)
     if rpc is not None:
         host, port = parse_address(rpc, what="--rpc")
+        where = show_address(host, port)
         probe(host, port, timeout=wait, what="board RPC server")
         session = bounded(lambda: tvm_rpc.connect(host, port, session_timeout=timeout),
-                           timeout=wait, what=f"RPC handshake with {host}:{port}")
-        return session, f"{host}:{port}"
+                           timeout=wait, what=f"RPC handshake with {where}")
+        return session, where
     if not key:
         raise ValueError("--tracker must come with --key KEY (the key the board registered with)")
     host, port = parse_address(tracker, what="--tracker")
+    where = show_address(host, port)
     probe(host, port, timeout=wait, what="RPC tracker")
     tracker_session = bounded(lambda: tvm_rpc.connect_tracker(host, port), timeout=wait,
-                               what=f"RPC tracker {host}:{port}")
-    summary = bounded(tracker_session.summary, timeout=wait, what=f"RPC tracker {host}:{port}")
+                               what=f"RPC tracker {where}")
+    summary = bounded(tracker_session.summary, timeout=wait, what=f"RPC tracker {where}")
     keys = sorted(summary.get("queue_info", {}))
     if key not in keys:
-        raise DeployError(f"no board registered with key {key!r} at tracker {host}:{port}; "
+        raise DeployError(f"no board registered with key {key!r} at tracker {where}; "
                           f"registered keys: {', '.join(keys) or 'none'}")
     session = bounded(lambda: tracker_session.request(key, session_timeout=timeout, max_retry=1),
-                       timeout=wait, what=f"tracker {host}:{port} request for key {key!r}")
-    return session, f"{key} via tracker {host}:{port}"
+                       timeout=wait, what=f"tracker {where} request for key {key!r}")
+    return session, f"{key} via tracker {where}"
 
 
 def remote_arch(session) -> str | None:
@@ -170,6 +193,7 @@ def deploy(bundle: Bundle | str | Path, *, rpc: str | None = None, tracker: str 
     if bundle.manifest["target"]["device"] != "cpu":
         raise DeployError(f"bundle {bundle.path} runs on {bundle.manifest['target']['device']}; "
                           "deploy sends cpu bundles (arm, llvm) to boards")
+    check_shared_library(bundle.file("model.so"))  # before any upload: a truncated one would crash the board's server
     session, where = connect(rpc=rpc, tracker=tracker, key=key, timeout=timeout)
     try:
         return _run_on_board(bundle, session, where, log)

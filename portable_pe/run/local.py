@@ -11,6 +11,7 @@ import platform
 import numpy as np
 
 from ..bundle.artifact import Bundle, BundleError
+from ..bundle.shared_library import check_shared_library
 from ..spec.dims import dim_sum_error
 from ..spec.io_names import ROLES
 
@@ -81,6 +82,7 @@ class LocalRunner:
         if not self.device.exist:
             raise BundleError(f"bundle {bundle.path} needs a {device_kind} device, none is present here")
         self.manifest = bundle.manifest
+        check_shared_library(bundle.file("model.so"))  # a truncated one dies by SIGBUS inside load_module
         self.vm = relax.VirtualMachine(tvm.runtime.load_module(str(bundle.file("model.so"))), self.device)
         self._tensor = lambda a: tvm.runtime.tensor(a, device=self.device)
 

@@ -37,7 +37,7 @@ def number(*, above: float, hi: float = math.inf) -> Rule:
 BOOLEAN = Rule("true or false", lambda v: type(v) is bool)
 TEXT = Rule("a string", lambda v: isinstance(v, str))
 #: the name becomes part of file paths (exports, tuning databases): no separators, no leading dot
-NAME = Rule("a name of letters, digits, '_', '-' or '.' (not starting with '.'), at most 64 characters",
+NAME = Rule("a name of ASCII letters, digits, '_', '-' or '.' (not starting with '.'), at most 64 characters",
             lambda v: isinstance(v, str) and re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}", v) is not None)
 
 TOP = {"name": NAME, "description": TEXT, "seed": integer(0, 2**32 - 1)}
