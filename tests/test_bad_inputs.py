@@ -94,6 +94,8 @@ COMPILE = ["compile", TINY_SPEC, "--lengths", "7"]
     (["run", "{ws}/bundle", "--inputs", "{ws}/in.npz", "--out", "notes.txt"], ["--out notes.txt exists and is not a .npz"]),
     (["run", "{ws}/bundle", "--inputs", "{ws}/in.npz", "--out", "{ws}/in.npz"], ["is also an input"]),
     (["parity", "{ws}/bundle", "--json", "../mydir"], ["--json ../mydir is a folder"]),
+    # a device is never read to see whether it holds JSON: /dev/zero never ends
+    (["parity", "{ws}/bundle", "--json", "/dev/zero"], ["--json /dev/zero is not a regular file"]),
     (["bench", TINY_SPEC, "--out", "notes.txt/x"], ["notes.txt is a file, not a folder"]),
 ])
 def test_output_paths_that_would_lose_data_are_refused(ws, capsys, argv, words):

@@ -79,6 +79,8 @@ def output_file(path: str | Path, *, kind: str, option: str, protect: tuple[Path
     if any(dest == Path(p).resolve() for p in protect):
         raise OutputPathError(f"{option} {path} is also an input of this command; refusing to overwrite it. "
                               "Write the result elsewhere")
+    if dest.exists() and not dest.is_file():  # a device (/dev/full, /dev/zero) or a socket: never read it
+        raise OutputPathError(f"{option} {path} is not a regular file; expected the path of a .{kind} file to write")
     if dest.exists() and not _is_kind(dest, kind):
         raise OutputPathError(f"{option} {path} exists and is not a .{kind} file portable-pe wrote; "
                               "refusing to overwrite it. Give a new path, or remove the file first")
