@@ -1,4 +1,6 @@
-"""Shared fixtures: compiled bundles are built once per session and reused."""
+"""Shared fixtures (compiled bundles are built once per session and reused), the one numeric
+check every test uses (assert_parity, through the parity harness), and the record of every
+collected test's parameters that test_registry_coverage.py reads."""
 
 from __future__ import annotations
 
@@ -64,3 +66,63 @@ def tiny_bundle(bundle_factory):
 @pytest.fixture(scope="session")
 def tiny_int8_bundle(bundle_factory):
     return bundle_factory(TINY_SPEC, precision="int8")
+
+
+# ------------------------------------------------------------------ numeric checks
+#: Named rows tighter than portable_pe.run.parity.TOLERANCES, for checks that have always
+#: held a tighter bound than their dtype's row. Same rule as the harness: a result passes
+#: when max_abs <= atol + rtol * max|ref| and cosine >= min_cosine. The float32 row allows
+#: 1e-4 + 1e-4 * max|ref| (about 5e-4 for the encoders' outputs); these keep what the
+#: tests asserted before they went through the harness, so no check got looser.
+TIGHTER = {
+    # float32 against float32 on this CPU: 1e-4 absolute, nothing for the output's magnitude
+    "float32_abs": {"atol": 1e-4, "rtol": 0.0, "min_cosine": 0.9999},
+    # an exported ONNX graph against the PyTorch module it was exported from (the same
+    # float32 ops in the same order): 1e-5 absolute
+    "float32_export": {"atol": 1e-5, "rtol": 0.0, "min_cosine": 0.9999},
+}
+
+
+def tolerance_row(name: str) -> dict:
+    """A row of parity.TOLERANCES, or of TIGHTER, by name."""
+    from portable_pe.run.parity import TOLERANCES
+    rows = {**TOLERANCES, **TIGHTER}
+    if name not in rows:
+        raise KeyError(f"no tolerance row {name!r}; known: {', '.join(rows)}")
+    return rows[name]
+
+
+def assert_parity(reference, candidate, *, tolerance: str | None = None, name: str = "candidate",
+                  length: int = 0) -> list:
+    """Assert that `candidate` matches `reference` by the parity harness (parity.compare):
+    each output's shape and dtype first, then max abs, max rel and cosine against one row,
+    the reference dtype's row of parity.TOLERANCES or the row named by `tolerance` (in
+    parity.TOLERANCES or TIGHTER). Dicts name the outputs; bare arrays are one output
+    "out". Every row must be ok; the message shows every row's numbers. Returns the rows."""
+    from portable_pe.run.parity import ParityReport, compare
+    if not isinstance(reference, dict):
+        reference, candidate = {"out": reference}, {"out": candidate}
+    overrides = None
+    if tolerance is not None:
+        row = tolerance_row(tolerance)
+        overrides = {str(ref.dtype): row for ref in reference.values()}
+    rows = compare(reference, candidate, name=name, length=length, tolerance_overrides=overrides)
+    if not (rows and all(r.ok for r in rows)):
+        table = ParityReport(name, "this test", f"tolerance {tolerance or 'by dtype'}", rows).to_markdown()
+        raise AssertionError(f"{name} does not match its reference:\n{table}")
+    return rows
+
+
+# ------------------------------------------------------------------ registry coverage
+#: test module file name -> the parameter ids and string parameter values of its tests,
+#: as collected (before -m / -k deselect any): test_registry_coverage.py checks that every
+#: registry entry appears among them.
+COLLECTED: dict[str, set[str]] = {}
+
+
+def pytest_itemcollected(item):
+    ids = COLLECTED.setdefault(item.path.name, set())
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None:
+        ids.add(callspec.id)
+        ids.update(v for v in callspec.params.values() if isinstance(v, str))
