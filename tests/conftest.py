@@ -69,24 +69,28 @@ def tiny_int8_bundle(bundle_factory):
 
 
 # ------------------------------------------------------------------ numeric checks
-#: Named rows tighter than portable_pe.run.parity.TOLERANCES, for checks that have always
-#: held a tighter bound than their dtype's row. Same rule as the harness: a result passes
-#: when max_abs <= atol + rtol * max|ref| and cosine >= min_cosine. The float32 row allows
-#: 1e-4 + 1e-4 * max|ref| (about 5e-4 for the encoders' outputs); these keep what the
-#: tests asserted before they went through the harness, so no check got looser.
-TIGHTER = {
-    # float32 against float32 on this CPU: 1e-4 absolute, nothing for the output's magnitude
+#: Named rows besides portable_pe.run.parity.TOLERANCES, for checks that have always held
+#: another bound than their dtype's row. Same rule as the harness: a result passes when
+#: max_abs <= atol + rtol * max|ref| and cosine >= min_cosine. Each keeps what its tests
+#: asserted before they went through the harness, so no check got looser.
+TEST_TOLERANCES = {
+    # float32 against float32 on this CPU: 1e-4 absolute, nothing for the output's
+    # magnitude (the float32 row allows 1e-4 + 1e-4 * max|ref|, about 5e-4 for the encoders)
     "float32_abs": {"atol": 1e-4, "rtol": 0.0, "min_cosine": 0.9999},
     # an exported ONNX graph against the PyTorch module it was exported from (the same
     # float32 ops in the same order): 1e-5 absolute
     "float32_export": {"atol": 1e-5, "rtol": 0.0, "min_cosine": 0.9999},
+    # the int8 row's cosine alone: onnxruntime's static QDQ quantizer on its own (before
+    # the npu stage's checks), which test_npu has only ever held to a cosine; its max abs
+    # error on the tiny rope graph at T=16 is 14% of max|ref|, over the int8 row's 10%
+    "int8_cosine": {"atol": float("inf"), "rtol": 0.0, "min_cosine": 0.99},
 }
 
 
 def tolerance_row(name: str) -> dict:
-    """A row of parity.TOLERANCES, or of TIGHTER, by name."""
+    """A row of parity.TOLERANCES, or of TEST_TOLERANCES, by name."""
     from portable_pe.run.parity import TOLERANCES
-    rows = {**TOLERANCES, **TIGHTER}
+    rows = {**TOLERANCES, **TEST_TOLERANCES}
     if name not in rows:
         raise KeyError(f"no tolerance row {name!r}; known: {', '.join(rows)}")
     return rows[name]
@@ -97,7 +101,7 @@ def assert_parity(reference, candidate, *, tolerance: str | None = None, name: s
     """Assert that `candidate` matches `reference` by the parity harness (parity.compare):
     each output's shape and dtype first, then max abs, max rel and cosine against one row,
     the reference dtype's row of parity.TOLERANCES or the row named by `tolerance` (in
-    parity.TOLERANCES or TIGHTER). Dicts name the outputs; bare arrays are one output
+    parity.TOLERANCES or TEST_TOLERANCES). Dicts name the outputs; bare arrays are one output
     "out". Every row must be ok; the message shows every row's numbers. Returns the rows."""
     from portable_pe.run.parity import ParityReport, compare
     if not isinstance(reference, dict):

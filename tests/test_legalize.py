@@ -32,7 +32,7 @@ from portable_pe.onnx_ops import custom_converters, import_onnx  # noqa: E402
 nn, F = torch.nn, torch.nn.functional
 D, H, HD = 32, 4, 8
 SIZES = ((2, 16), (1, 7), (3, 37))  # (batch, seq); export uses (2, 16)
-TOL = "float32_abs"  # conftest.TIGHTER: 1e-4 absolute, as these checks always were
+TOL = "float32_abs"  # conftest.TEST_TOLERANCES: 1e-4 absolute, as these checks always were
 
 
 # --------------------------------------------------------------------------- #
