@@ -12,7 +12,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from conftest import TINY_SPEC
+from conftest import TINY_SPEC, assert_parity
 
 
 def cli(*args, cwd=None, check_rc=None):
@@ -55,7 +55,7 @@ def test_parity_inspect_run(compiled, tmp_path):
     from portable_pe.spec.graphs import load_graph
     with torch.no_grad():
         expected = load_graph(TINY_SPEC).build()(torch.from_numpy(x), torch.arange(11)).numpy()
-    np.testing.assert_allclose(hidden, expected, atol=1e-4)
+    assert_parity({"hidden": expected}, {"hidden": hidden}, tolerance="float32_abs", name="portable-pe run", length=11)
 
 
 def test_run_with_wrong_inputs_names_them(compiled, tmp_path):

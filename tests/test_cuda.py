@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -23,12 +24,43 @@ def has_gpu() -> bool:
     return tvm.cuda(0).exist
 
 
-def test_arch_default_is_the_local_gpu_else_the_documented_fallback():
+def documented_fallback() -> str:
+    """The fallback arch as targets/cuda.toml writes it (read as text, not through
+    load_target), and as the README's target table documents it."""
+    root = Path(__file__).resolve().parent.parent
+    (fallback,) = re.findall(r'^fallback\s*=\s*"(sm_\d+)"', (root / "targets" / "cuda.toml").read_text(), re.M)
+    assert f"(default: the local GPU's arch, else {fallback})" in (root / "README.md").read_text()
+    return fallback
+
+
+class FakeDevice:
+    def __init__(self, compute_version=None):
+        self.exist, self.compute_version = compute_version is not None, compute_version
+
+
+def test_arch_default_without_a_gpu_is_the_documented_fallback(monkeypatch):
     import tvm
     from portable_pe.backends import cuda
-    expected = "sm_" + tvm.cuda(0).compute_version.replace(".", "") if has_gpu() else "sm_80"
-    assert CUDA.options["arch"]["fallback"] == "sm_80"
-    assert str(cuda.tvm_target(CUDA).attrs["arch"]) == expected
+    monkeypatch.setattr(tvm, "cuda", lambda *_: FakeDevice())  # no GPU, whatever this machine has
+    assert str(cuda.tvm_target(CUDA).attrs["arch"]) == documented_fallback()
+
+
+@pytest.mark.parametrize("version,arch", [("8.6", "sm_86"), ("9.0", "sm_90"), ("12.0", "sm_120")])
+def test_arch_default_is_the_local_gpus_compute_capability(monkeypatch, version, arch):
+    import tvm
+    from portable_pe.backends import cuda
+    monkeypatch.setattr(tvm, "cuda", lambda *_: FakeDevice(version))
+    assert str(cuda.tvm_target(CUDA).attrs["arch"]) == arch
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(shutil.which("nvidia-smi") is None or not has_gpu(), reason="no CUDA GPU on this machine")
+def test_arch_default_on_this_gpu_is_what_nvidia_smi_reports():
+    import subprocess
+    from portable_pe.backends import cuda
+    out = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True,
+                         text=True, check=True).stdout.split()
+    assert str(cuda.tvm_target(CUDA).attrs["arch"]) == "sm_" + out[0].replace(".", "")
 
 
 def test_arch_is_passed_through_and_a_bad_one_is_refused():

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 
-import numpy as np
 import pytest
 import torch
 
@@ -13,7 +12,7 @@ from portable_pe.compile import export
 from portable_pe.spec.graphs import load_graph
 from portable_pe.compile.simplify import ort_session
 
-from conftest import TINY_SPEC
+from conftest import TINY_SPEC, assert_parity
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +35,8 @@ def test_export_matches_torch_at_unseen_shapes(spec, exporter):
     assert spec.example_length not in (5, 37)
     for batch, length, seed in ((1, 5, 1), (3, 37, 2)):
         expected, got = _torch_and_onnx(spec, model, batch, length, seed)
-        assert got.shape == expected.shape == (batch, length, spec.model.d_model)
-        np.testing.assert_allclose(got, expected, atol=1e-5, err_msg=f"{exporter} B={batch} T={length}")
+        assert expected.shape == (batch, length, spec.model.d_model)
+        assert_parity(expected, got, tolerance="float32_abs_1e-5", name=f"{exporter} B={batch}", length=length)
     dims = {vi.name: [d.dim_param or d.dim_value for d in vi.type.tensor_type.shape.dim] for vi in model.graph.input}
     assert dims == {"x": ["batch", "seq", spec.model.d_model], "positions": ["seq"]}
     # tensors are initializers, as the table folding for the NPU and int8 tables expect
@@ -52,7 +51,7 @@ def test_a_failing_torchscript_export_falls_back_to_dynamo(spec, monkeypatch, ca
         model = export.export_onnx(spec)
     assert "using the dynamo exporter" in caplog.text and "was removed" in caplog.text
     expected, got = _torch_and_onnx(spec, model, 2, 9, 3)
-    np.testing.assert_allclose(got, expected, atol=1e-5)
+    assert_parity(expected, got, tolerance="float32_abs_1e-5", name="dynamo (fallback) B=2", length=9)
 
 
 def test_an_unknown_exporter_is_refused(spec):

@@ -97,6 +97,8 @@ def test_int8_kernels_compute_the_qdq_graph_exactly(variant, monkeypatch):
         got = vm["main"](tvm.runtime.tensor(x)).numpy()
         want = _exact(model, x)
         assert got.shape == want.shape and got.dtype == np.float32
+        # exact integer arithmetic up to float32 rounding (measured ~5e-8 of max|want|), element
+        # by element: an exactness check, far tighter than any parity row, so a literal
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
@@ -151,7 +153,8 @@ def test_int8_bundle_parity_against_pytorch(tiny_int8_bundle):
     assert q["calibration_lengths"][0] == 1
     report = check_bundle(tiny_int8_bundle, lengths=(1, 33, 300), batch=2)
     tvm_rows = [r for r in report.rows if r.candidate == "tvm"]
-    assert report.ok and len(tvm_rows) == 3 and all(r.ok and r.cosine >= 0.999 for r in tvm_rows)
+    # ok is the int8_linear row the manifest holds: max abs within 5% of max|ref|, cosine >= 0.999
+    assert report.ok and len(tvm_rows) == 3 and all(r.ok and r.gating for r in tvm_rows), report.to_markdown()
     peers = [r for r in report.rows if r.candidate == "onnxruntime"]
     assert len(peers) == 3 and not any(r.gating for r in peers)  # shown side by side, not judged
 

@@ -1,7 +1,8 @@
 """portable_pe.legalize / portable_pe.onnx_ops: foreign ONNX encoders through TVM.
 
 Every graph is compiled for llvm and run at three (batch, seq) sizes, one sequence
-length never seen at export, against onnxruntime (max abs err <= 1e-4, fp32).
+length never seen at export, against onnxruntime, through the parity harness
+(conftest.assert_parity, row float32_abs: max abs err <= 1e-4, fp32).
 """
 
 from __future__ import annotations
@@ -24,13 +25,14 @@ from tvm import relax  # noqa: E402
 from tvm.relax.frontend import onnx as relax_onnx  # noqa: E402
 from tvm.relax.frontend.onnx import onnx_frontend as _fe  # noqa: E402
 
+from conftest import assert_parity  # noqa: E402
 from portable_pe.legalize import blocking_nodes, legalize  # noqa: E402
 from portable_pe.onnx_ops import custom_converters, import_onnx  # noqa: E402
 
 nn, F = torch.nn, torch.nn.functional
 D, H, HD = 32, 4, 8
 SIZES = ((2, 16), (1, 7), (3, 37))  # (batch, seq); export uses (2, 16)
-TOL = 1e-4
+TOL = "float32_abs"  # conftest.TEST_TOLERANCES: 1e-4 absolute, as these checks always were
 
 
 # --------------------------------------------------------------------------- #
@@ -308,11 +310,10 @@ def test_exported_encoder(name, exporter, opset, tmp_path, record_property):
     errs = []
     for f, out in zip(feeds, outs):
         ref = ort_run(model, f)  # the original, not the legalized graph
-        assert out.shape == ref.shape
-        errs.append(float(np.abs(out - ref).max()))
-        assert np.abs(ort_run(leg, f) - ref).max() <= TOL  # legalize kept the meaning
+        b, t = f["x"].shape[:2]
+        assert_parity(ref, ort_run(leg, f), tolerance=TOL, name=f"legalized, onnxruntime B={b}", length=t)
+        errs += [r.max_abs for r in assert_parity(ref, out, tolerance=TOL, name=f"tvm B={b}", length=t)]
     record_property("max_err", max(errs))
-    assert max(errs) <= TOL, errs
     if (name, exporter, opset) == ("hf_rope", "dynamo", 23):
         assert ops["RotaryEmbedding"] == 4  # q and k in 2 layers: fused at opset 23
     if (name, exporter, opset) == ("partial_rope", "dynamo", 23):
@@ -340,19 +341,17 @@ def test_raw_from_onnx_fails(name, exporter, opset, expected, tmp_path):
 # --------------------------------------------------------------------------- #
 # standard-op graphs built by hand
 # --------------------------------------------------------------------------- #
-def _check_graph(model, make_feeds, tol=TOL):
-    """TVM (after legalize + import_onnx) vs onnx.reference and onnxruntime."""
+def _check_graph(model, make_feeds):
+    """TVM (after legalize + import_onnx) vs onnx.reference, which onnxruntime must match too."""
     onnx.checker.check_model(model)
     mod = import_onnx(legalize(model))
     feeds = [make_feeds(b, t) for b, t in SIZES]
     outs = compile_run(mod, feeds)
     ref_eval = ReferenceEvaluator(model)
-    for f, out in zip(feeds, outs):
+    for (b, t), f, out in zip(SIZES, feeds, outs):
         ref = ref_eval.run(None, f)[0]
-        np.testing.assert_allclose(ort_run(model, f), ref, atol=tol, rtol=0)
-        assert out.shape == ref.shape
-        err = float(np.abs(out - ref).max())
-        assert err <= tol, err
+        assert_parity(ref, ort_run(model, f), tolerance=TOL, name=f"onnxruntime B={b}", length=t)
+        assert_parity(ref, out, tolerance=TOL, name=f"tvm B={b}", length=t)
 
 
 def _model(nodes, inputs, outputs, opset, inits=()):
@@ -472,13 +471,101 @@ def test_attention_standard(case):
 # --------------------------------------------------------------------------- #
 # API contracts
 # --------------------------------------------------------------------------- #
-def test_custom_converters_table():
-    conv = custom_converters()
-    assert set(conv) >= {"RotaryEmbedding", "Attention"}
-    for cls in conv.values():
-        assert issubclass(cls, _fe.OnnxOpConverter)
-    assert conv["RotaryEmbedding"].get_converter(23) is not None
-    assert conv["Attention"].get_converter(24) is not None
+# the converters README.md documents: op -> the opsets they implement
+DOCUMENTED_CONVERTERS = {"RotaryEmbedding": (23,), "Attention": (23, 24)}
+
+
+def _rope_by_hand(x, cos_cache, sin_cache, pos, heads):
+    """RotaryEmbedding, interleaved, on (B, S, heads * D): pairs (x0, x1), (x2, x3), ... of
+    each head rotated by the angles of the cache rows at `pos`."""
+    b, s, _ = x.shape
+    xh = x.astype(np.float64).reshape(b, s, heads, -1)
+    cos, sin = cos_cache[pos][:, :, None, :], sin_cache[pos][:, :, None, :]  # (B, S, 1, D/2)
+    even, odd = xh[..., 0::2], xh[..., 1::2]
+    out = np.empty_like(xh)
+    out[..., 0::2], out[..., 1::2] = even * cos - odd * sin, odd * cos + even * sin
+    return out.reshape(b, s, -1)
+
+
+def _attention_by_hand(q, k, v, *, scale, causal=False, bias=None):
+    """softmax(q kᵀ * scale + bias [causal: keys after the query at -inf]) v, over
+    (B, H, S, D) q and (B, Hkv, S, D) k, v; query head h reads kv head h // (H / Hkv)."""
+    q, k, v = (a.astype(np.float64) for a in (q, k, v))
+    group = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    scores = q @ k.transpose(0, 1, 3, 2) * scale
+    if bias is not None:
+        scores = scores + bias
+    if causal:
+        t = scores.shape[-1]
+        scores = np.where(np.tril(np.ones((t, t), bool)), scores, -np.inf)
+    e = np.exp(scores - scores.max(-1, keepdims=True))
+    return (e / e.sum(-1, keepdims=True)) @ v
+
+
+def _rope_graph(opset):
+    x_shape = ["B", "S", H * HD]
+    inputs = [oh.make_tensor_value_info("x", TP.FLOAT, x_shape), oh.make_tensor_value_info("pos", TP.INT64, ["B", "S"])]
+    ang = np.arange(64)[:, None] * (1.0 / 10000 ** (np.arange(HD // 2) / (HD // 2)))[None]
+    cos, sin = np.cos(ang).astype("float32"), np.sin(ang).astype("float32")
+    inits = [onnx.numpy_helper.from_array(cos, "cos"), onnx.numpy_helper.from_array(sin, "sin")]
+    node = oh.make_node("RotaryEmbedding", ["x", "cos", "sin", "pos"], ["y"], interleaved=1, num_heads=H)
+    model = _model([node], inputs, [oh.make_tensor_value_info("y", TP.FLOAT, x_shape)], opset, inits)
+
+    def case(b, t):
+        rs = np.random.RandomState(t)
+        f = {"x": rs.randn(b, t, H * HD).astype("float32"),
+             "pos": (np.arange(t)[None] + rs.randint(0, 64 - t, size=(b, 1))).astype("int64")}
+        return f, _rope_by_hand(f["x"], cos.astype(np.float64), sin.astype(np.float64), f["pos"], H)
+    return model, case
+
+
+def _attention_graph(opset):
+    if opset == 23:  # 4-D, causal, an explicit scale
+        shapes, attrs = {n: ["B", H, "S", HD] for n in "qkv"}, {"is_causal": 1, "scale": 0.2}
+    else:  # 3-D with grouped K/V heads (GQA) and an additive (S, S) bias
+        shapes = {"q": ["B", "S", H * HD], "k": ["B", "S", 2 * HD], "v": ["B", "S", 2 * HD]}
+        attrs = {"q_num_heads": H, "kv_num_heads": 2}
+    inputs = [oh.make_tensor_value_info(n, TP.FLOAT, shp) for n, shp in shapes.items()]
+    node_in = ["q", "k", "v"]
+    if opset == 24:
+        inputs.append(oh.make_tensor_value_info("mask", TP.FLOAT, ["S", "S"]))
+        node_in.append("mask")
+    node = oh.make_node("Attention", node_in, ["y"], **attrs)
+    model = _model([node], inputs, [oh.make_tensor_value_info("y", TP.FLOAT, shapes["q"])], opset)
+
+    def case(b, t):
+        rs = np.random.RandomState(t)
+        if opset == 23:
+            f = {n: rs.randn(b, H, t, HD).astype("float32") for n in "qkv"}
+            return f, _attention_by_hand(f["q"], f["k"], f["v"], scale=0.2, causal=True)
+        f = {"q": rs.randn(b, t, H * HD).astype("float32"), "k": rs.randn(b, t, 2 * HD).astype("float32"),
+             "v": rs.randn(b, t, 2 * HD).astype("float32"),
+             "mask": np.tanh(np.arange(t)[None] - np.arange(t)[:, None]).astype("float32")}
+        heads = lambda a, n: a.reshape(b, t, n, HD).transpose(0, 2, 1, 3)  # noqa: E731
+        y = _attention_by_hand(heads(f["q"], H), heads(f["k"], 2), heads(f["v"], 2), scale=1 / math.sqrt(HD),
+                               bias=f["mask"])
+        return f, y.transpose(0, 2, 1, 3).reshape(b, t, H * HD)
+    return model, case
+
+
+CONVERTER_CASES = [(op, opset) for op, opsets in DOCUMENTED_CONVERTERS.items() for opset in opsets]
+
+
+@pytest.mark.parametrize("op,opset", CONVERTER_CASES, ids=[f"{op}-{opset}" for op, opset in CONVERTER_CASES])
+def test_each_custom_converter_computes_its_op(op, opset):
+    """Each op portable_pe converts itself (the ones README.md documents, no more, no fewer):
+    a one-node graph imported with import_onnx, compiled and run at three sizes, against the
+    op computed by hand in numpy (onnxruntime must agree with the same numbers)."""
+    assert set(custom_converters()) == set(DOCUMENTED_CONVERTERS)
+    model, case = {"RotaryEmbedding": _rope_graph, "Attention": _attention_graph}[op](opset)
+    onnx.checker.check_model(model)
+    cases = [case(b, t) for b, t in SIZES]
+    outs = compile_run(import_onnx(model), [f for f, _ in cases])
+    for (b, t), (f, want), got in zip(SIZES, cases, outs):
+        want = want.astype(np.float32)
+        assert_parity(want, got, tolerance=TOL, name=f"tvm {op}-{opset} B={b}", length=t)
+        assert_parity(want, ort_run(model, f), tolerance=TOL, name=f"onnxruntime {op}-{opset} B={b}", length=t)
 
 
 @pytest.mark.parametrize("opset", [6, 13])
@@ -591,7 +678,7 @@ def test_input_shapes_override_keeps_named_dims(tmp_path):
     mod = import_onnx(leg)
     feeds = [{"x": np.random.RandomState(t).randn(1, t, D).astype("float32")} for t in (5, 33)]
     for f, out in zip(feeds, compile_run(mod, feeds)):
-        assert np.abs(out - ort_run(model, f)).max() <= TOL
+        assert_parity(ort_run(model, f), out, tolerance=TOL, name="tvm", length=f["x"].shape[1])
 
 
 # --------------------------------------------------------------------------- #

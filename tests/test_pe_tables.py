@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from conftest import assert_parity
 from portable_pe.spec.graphs import GRAPHS, load_graph
 from portable_pe.quant.tables import dequantize_rows, measure, quantize_onnx_tables, quantize_rows
 
@@ -25,7 +26,7 @@ def test_measure_reports_memory_and_error_per_table(graph):
         n_rows, n_cols = r["shape"]
         assert r["bytes_fp32"] == 4 * n_rows * n_cols and r["bytes_int8"] == n_rows * n_cols + 4 * n_rows
         assert r["saved"] == pytest.approx(1 - (n_cols + 4) / (4 * n_cols))
-        assert 0 < r["max_rel_err"] <= 0.5 / 127 + 1e-6, r  # half a step of the largest row
+        assert 0 < r["max_rel_err"] <= 0.5 / 127 + 1e-6, r  # half a step of the largest row: exact bound
 
 
 @pytest.mark.parametrize("graph,stored", [("learned", 1), ("t5_bias", 1), ("rope", 0)])
@@ -40,8 +41,9 @@ def test_onnx_tables_quantized_only_where_stored(graph, stored):
     x = np.random.default_rng(0).standard_normal((1, 20, spec.model.d_model)).astype(np.float32)
     feeds = {"x": x, "positions": np.arange(20, dtype=np.int64)}
     a, b = ort_session(model).run(None, feeds)[0], ort_session(out).run(None, feeds)[0]
-    if stored:
-        assert 0 < np.abs(a - b).max() < 0.05, "int8 tables change the output a little, not a lot"
+    if stored:  # int8 tables change the output a little (the int8_tables row), not a lot
+        (row,) = assert_parity(a, b, tolerance="int8_tables", name=f"{graph} with int8 tables (onnxruntime)", length=20)
+        assert row.max_abs > 0
     else:
         np.testing.assert_array_equal(a, b)
 
@@ -61,5 +63,5 @@ def test_llvm_bundle_with_int8_tables(tmp_path):
     int8 = [i for i in model.graph.initializer if numpy_helper.to_array(i).dtype.name == "int8"]
     assert any(numpy_helper.to_array(i).shape == (64, 64) for i in int8), [i.name for i in int8]
     report = check_bundle(bundle, lengths=(5, 64))
-    assert report.ok, report.to_markdown()
-    assert 0 < report.worst("tvm") < 0.1  # int8 rows do add error, and not much
+    assert report.ok, report.to_markdown()  # not much error: the int8_tables row, 1% of max|ref|
+    assert 0 < report.worst("tvm")  # but int8 rows do add some

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -46,30 +48,98 @@ def test_sequence_longer_than_learned_table(bundle_factory):
 
 
 # ----------------------------------------------------------------- TVM's thread pool
-_POOL_SIZE = ("import os, portable_pe, tvm; from portable_pe.threads import physical_cores, cpu_quota; "
-              "print(tvm.get_global_func('runtime.NumThreads')(), min(physical_cores(), cpu_quota() or 10**6))")
+# Expected counts come from /proc/cpuinfo and from cgroup files read or written by this
+# file, never from portable_pe.threads (which reads the sysfs topology). The pool is
+# observed in a fresh process that has run a bundle, not after an import.
+_RUN_AND_COUNT = """
+import sys
+import numpy as np
+import tvm
+from portable_pe.bundle.artifact import load_bundle
+from portable_pe.run.local import run_local
+run_local(load_bundle(sys.argv[1]), {"x": np.zeros((1, 4, 64), np.float32), "positions": np.arange(4)})
+print(tvm.get_global_func("runtime.NumThreads")())
+"""
 
 
-def _pool_in_fresh_process(**env_overrides):
-    import os
+def cpuinfo_cores() -> int:
+    """Distinct (physical id, core id) pairs of the CPUs this process may run on, as
+    /proc/cpuinfo lists them (two hardware threads of one core share the pair)."""
+    from pathlib import Path
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        pytest.skip("no /proc/cpuinfo on this system")
+    allowed, pairs = os.sched_getaffinity(0), set()
+    for block in text.strip().split("\n\n"):
+        fields = dict(line.split(":", 1) for line in block.splitlines() if ":" in line)
+        fields = {k.strip(): v.strip() for k, v in fields.items()}
+        if "physical id" not in fields or "core id" not in fields:
+            pytest.skip("/proc/cpuinfo names no physical id / core id here (e.g. an arm VM)")
+        if int(fields["processor"]) in allowed:
+            pairs.add((fields["physical id"], fields["core id"]))
+    return len(pairs)
+
+
+def own_cgroup_quota() -> int | None:
+    """This process's cgroup CPU limit, read here (v2 cpu.max, else v1), in whole CPUs rounded up."""
+    import math
+    from pathlib import Path
+    root = Path("/sys/fs/cgroup")
+    try:
+        quota, period = (root / "cpu.max").read_text().split()
+    except (OSError, ValueError):
+        try:
+            quota, period = ((root / "cpu" / f).read_text().strip() for f in ("cpu.cfs_quota_us", "cpu.cfs_period_us"))
+        except OSError:
+            return None
+    if quota in ("max", "-1"):
+        return None
+    return math.ceil(int(quota) / int(period))
+
+
+def pool_after_running_a_bundle(bundle, **env_overrides) -> int:
+    """TVM's pool size in a fresh process that has just run `bundle`."""
     import subprocess
     import sys
+    from pathlib import Path
     env = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS")}
     env.update(env_overrides)
-    out = subprocess.run([sys.executable, "-c", _POOL_SIZE], env=env, capture_output=True, text=True, check=True)
-    return [int(x) for x in out.stdout.split()]
+    out = subprocess.run([sys.executable, "-c", _RUN_AND_COUNT, str(bundle.path)], env=env, capture_output=True,
+                         text=True, cwd=Path(__file__).resolve().parent.parent)
+    assert out.returncode == 0, out.stderr
+    return int(out.stdout.split()[-1])
 
 
-def test_tvm_pool_uses_every_physical_core():
+def test_physical_cores_are_the_distinct_cores_of_proc_cpuinfo():
+    from portable_pe.threads import physical_cores
+    assert physical_cores() == cpuinfo_cores() >= 1
+
+
+def test_tvm_pool_uses_every_physical_core(tiny_bundle):
     """TVM alone sizes its pool at half the logical CPUs on x86 (it assumes SMT): one
-    thread on a 2-core VM without SMT. Importing portable_pe sizes it by cores."""
-    pool, cores = _pool_in_fresh_process()
-    assert pool == cores >= 1
+    thread on a 2-core VM without SMT. A process that runs a bundle uses every core
+    (or the container's quota, when lower)."""
+    quota = own_cgroup_quota()
+    assert pool_after_running_a_bundle(tiny_bundle) == min(cpuinfo_cores(), quota or 10**6)
 
 
-def test_tvm_pool_keeps_the_users_thread_count():
-    assert _pool_in_fresh_process(TVM_NUM_THREADS="1")[0] == 1
-    assert _pool_in_fresh_process(OMP_NUM_THREADS="1")[0] == 1
+def test_tvm_pool_keeps_the_users_thread_count(tiny_bundle):
+    assert pool_after_running_a_bundle(tiny_bundle, TVM_NUM_THREADS="1") == 1
+    assert pool_after_running_a_bundle(tiny_bundle, OMP_NUM_THREADS="1") == 1
+
+
+def test_a_quota_of_one_and_a_half_cpus_gives_two_threads(tmp_path, monkeypatch):
+    """docker --cpus=1.5 writes cpu.max "150000 100000": two threads (never more than the
+    cores), not one."""
+    from portable_pe import threads
+    (tmp_path / "cpu.max").write_text("150000 100000\n")
+    read_quota = threads.cpu_quota
+    monkeypatch.setattr(threads, "cpu_quota", lambda root=str(tmp_path): read_quota(root))
+    monkeypatch.delenv("TVM_NUM_THREADS", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    threads.default_tvm_threads()
+    assert os.environ["TVM_NUM_THREADS"] == str(min(cpuinfo_cores(), 2))
 
 
 @pytest.mark.parametrize("files,cpus", [

@@ -8,7 +8,7 @@ import pytest
 from conftest import TINY_SPEC
 from portable_pe.spec.graphs import GRAPHS
 from portable_pe.run.parity import check_bundle, dim_roles, make_inputs
-from portable_pe.run.local import LocalRunner, entry_for
+from portable_pe.run.local import entry_for
 from portable_pe.tune.autotune import is_rope_kernel
 from portable_pe.tune.database import database_dir, tuned_points
 
@@ -56,10 +56,28 @@ def test_committed_databases_are_applied_by_compile(bundle_factory):
     assert report.ok, report.to_markdown()
 
 
-def test_no_tuning_builds_without_the_database(bundle_factory):
-    bundle = bundle_factory("rope", tuning=False)
+def test_no_tuning_builds_without_the_database(tmp_path):
+    """tuning=False (`--no-tuning`): the compile log says the database is not used and names
+    none of its kernels, the manifest records no database and no tuned entry, the tuned
+    point's inputs run the dynamic main, and that build still matches PyTorch there."""
+    from portable_pe.compile.pipeline import compile_graph
+    from portable_pe.tune.database import specialized_name
+    db_dir = database_dir("llvm", "rope")
+    (point,) = tuned_points(db_dir)  # the database exists: it is there to be ignored
+    lines = []
+    bundle = compile_graph("rope", out=tmp_path / "untuned", tuning=False, log=lines.append)
+    log = "\n".join(lines)
+    assert "tuning database: not used (--no-tuning)" in log, log
+    # a tuned build logs "main_b1_t128: N tuned kernel(s), M miss(es)" for each tuned entry
+    assert specialized_name(point) not in log and "tuned kernel" not in log and "targets/tuning" not in log, log
     assert bundle.manifest["tuning"] == {"database": None}
-    assert LocalRunner(bundle).vm is not None
+    inputs = make_inputs(bundle.manifest["inputs"], length=point["seq"], batch=point["batch"],
+                         dim_roles=dim_roles(bundle.manifest))
+    assert entry_for(bundle.manifest, inputs) == "main"
+    report = check_bundle(bundle, lengths=(7, point["seq"]), batch=point["batch"])
+    assert {(r.candidate, r.length) for r in report.rows} == {(c, n) for c in ("onnxruntime", "tvm")
+                                                              for n in (7, point["seq"])}
+    assert report.ok, report.to_markdown()
 
 
 @pytest.mark.slow
