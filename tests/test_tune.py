@@ -127,6 +127,6 @@ def test_tune_refuses_what_it_cannot_do():
     proc = cli("tune", "learned", "--lengths", "600", check_rc=2)
     assert "cannot tune learned at batch=1 seq=600: seq (seq) allows 1..512" in proc.stderr
     proc = cli("tune", "rope", "--rpc-tracker", "localhost", check_rc=2)
-    assert "--rpc-tracker must be HOST:PORT (e.g. 127.0.0.1:9190), got 'localhost'" in proc.stderr
+    assert "--rpc-tracker must be HOST:PORT (e.g. 127.0.0.1:9190, or [::1]:9190 for IPv6), got 'localhost'" in proc.stderr
     proc = cli("tune", "rope", "--recheck", "--target", "arm", check_rc=2)
     assert "--recheck runs both builds on this machine, so it needs --target llvm, not arm" in proc.stderr

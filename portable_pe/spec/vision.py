@@ -1,0 +1,113 @@
+"""Vision encoders: a patch stem in front of the same Transformer blocks (model.py).
+
+    pixel_values (B, C, H, W)       -> Conv2d, kernel = stride = patch -> (B, D, gh, gw)
+    or (B, C, F, H, W) for video    -> Conv3d, (temporal_patch, patch, patch) -> (B, D, gf, gh, gw)
+      -> patch tokens (B, N, D), N = prod(grid), and their positions (*grid, A)
+      -> CLS and register tokens prepended (learned), the blocks, a final norm
+      -> hidden (B, prefix + N, D)
+
+The positions are computed in the graph from the stem's output shape, by a cumulative
+sum of ones rather than a Range: the dims stay expressions of H and W (H / patch) all
+the way through ONNX and TVM's importer, so one build runs every resolution. The position
+hooks see the patch tokens only; prefix tokens pass through them unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .encodings import PositionEncoding
+from .model import Block, EncoderConfig
+
+
+@dataclass(frozen=True)
+class VisionConfig:
+    patch: int = 16
+    channels: int = 3
+    cls_tokens: int = 1
+    registers: int = 0
+    temporal_patch: int = 0  # > 0: video, pixel_values (B, C, F, H, W), frames in groups of this many
+
+    def __post_init__(self):
+        for name in ("patch", "channels"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"vision.{name} must be positive, got {getattr(self, name)}")
+        for name in ("cls_tokens", "registers", "temporal_patch"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"vision.{name} must be >= 0, got {getattr(self, name)}")
+
+    @property
+    def video(self) -> bool:
+        return self.temporal_patch > 0
+
+    @property
+    def axes(self) -> int:
+        """Position axes of a patch: (row, column), or (frame, row, column)."""
+        return 3 if self.video else 2
+
+    @property
+    def prefix(self) -> int:
+        return self.cls_tokens + self.registers
+
+
+def _counting(ones: torch.Tensor) -> torch.Tensor:
+    """0, 1, ..., n-1 for a 1-D tensor of n ones."""
+    return ones.cumsum(0) - 1
+
+
+def grid_positions(grid: torch.Tensor) -> torch.Tensor:
+    """(*grid, A) int64 positions of a stem output (B, D, *grid): each axis counts its
+    index; built from ones of the grid's shape, so the grid dims stay symbolic."""
+    first = grid[0, 0]  # (*grid)
+    spatial = first.dim()
+    axes = []
+    for axis in range(spatial):
+        index = [0] * spatial
+        index[axis] = slice(None)
+        count = _counting(torch.ones_like(first[tuple(index)], dtype=torch.int64))  # (g_axis,)
+        for other in range(spatial):  # unsqueeze, not view(-1): the importer keeps the dims symbolic
+            if other != axis:
+                count = count.unsqueeze(other)
+        axes.append(count)
+    zero = torch.zeros_like(first, dtype=torch.int64)  # broadcasts each axis's count over the grid
+    return torch.stack([zero + a for a in axes], dim=-1)  # (*grid, A)
+
+
+class PatchStem(nn.Module):
+    def __init__(self, cfg: EncoderConfig, vision: VisionConfig):
+        super().__init__()
+        if vision.video:
+            kernel = (vision.temporal_patch, vision.patch, vision.patch)
+            self.proj = nn.Conv3d(vision.channels, cfg.d_model, kernel, stride=kernel)
+        else:
+            self.proj = nn.Conv2d(vision.channels, cfg.d_model, vision.patch, stride=vision.patch)
+
+    def forward(self, pixel_values):
+        grid = self.proj(pixel_values)  # (B, D, *grid)
+        return grid.flatten(2).transpose(1, 2), grid_positions(grid)  # (B, N, D), (*grid, A)
+
+
+class VisionEncoder(nn.Module):
+    def __init__(self, cfg: EncoderConfig, vision: VisionConfig, encoding: PositionEncoding):
+        super().__init__()
+        if getattr(encoding, "axes", 1) != vision.axes:
+            raise ValueError(f"the encoding's positions have {getattr(encoding, 'axes', 1)} axis(es); this graph's "
+                             f"patches have {vision.axes} ({'frame, row, column' if vision.video else 'row, column'}): "
+                             f"choose a {vision.axes}D encoding")
+        self.cfg, self.vision, self.pe = cfg, vision, encoding
+        self.stem = PatchStem(cfg, vision)
+        self.prefix_tokens = nn.Parameter(torch.randn(1, vision.prefix, cfg.d_model) * 0.02) if vision.prefix else None
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        x, positions = self.stem(pixel_values)  # (B, N, D), (*grid, A)
+        x = self.pe.embed(x, positions)
+        if self.prefix_tokens is not None:
+            x = torch.cat([self.prefix_tokens.expand(x.shape[0], -1, -1), x], dim=1)  # (B, P + N, D)
+        for i, block in enumerate(self.blocks):
+            x = block(x, positions, self.pe.for_layer(i), prefix=self.vision.prefix)
+        return self.norm(x)
