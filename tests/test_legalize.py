@@ -786,3 +786,51 @@ def test_bf16_mul_in_float32_is_bit_exact():
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     got = sess.run_with_ort_values(["z"], feeds)[0].numpy()
     np.testing.assert_array_equal(got, (a * b).float().numpy())  # torch's bf16 multiply, bit for bit
+
+
+class _PatchStemModel:
+    """A conv patch stem (stride = kernel = 4) and a CLS token, whose patch tokens are sliced
+    to the end and scaled per patch by its grid position, as a ViT rotates `q[:, :, 1:]`
+    by its positions: the grid dims must stay H / 4 and W / 4, and the slice's N must
+    match the positions' N."""
+
+    @staticmethod
+    def export(path):
+        import torch
+        from torch import nn
+
+        class Stem(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.proj = nn.Conv2d(3, 8, 4, stride=4)
+                self.pool = nn.MaxPool2d(2, stride=2, ceil_mode=True)
+                self.cls = nn.Parameter(torch.randn(1, 1, 8))
+
+            def forward(self, pixel_values):
+                grid = self.proj(pixel_values)  # (B, 8, H/4, W/4)
+                tokens = torch.cat([self.cls.expand(grid.shape[0], -1, -1),  # a CLS token
+                                    grid.flatten(2).transpose(1, 2)], dim=1)  # (B, 1 + N, 8)
+                pooled = self.pool(grid).flatten(2).transpose(1, 2)  # (B, ceil(H/8) * ceil(W/8), 8)
+                rows = torch.ones_like(grid[0, 0, :, 0], dtype=torch.int64).cumsum(0) - 1  # (H/4,)
+                cols = torch.ones_like(grid[0, 0, 0, :], dtype=torch.int64).cumsum(0) - 1  # (W/4,)
+                position = (rows[:, None] * 10 + cols[None, :]).flatten().to(torch.float32)  # (N,)
+                rest = tokens[:, 1:] * position[:, None]  # a slice to the end of a symbolic axis, (B, N, 8)
+                return torch.cat([tokens[:, :1], rest, pooled], dim=1)
+        torch.manual_seed(0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(Stem().eval(), (torch.randn(2, 3, 16, 24),), str(path), dynamo=False, opset_version=17,
+                              input_names=["pixel_values"], output_names=["tokens"],
+                              dynamic_axes={"pixel_values": {0: "batch", 2: "height", 3: "width"}})
+        return onnx.load(str(path))
+
+
+def test_a_conv_stem_keeps_image_dims_symbolic_through_tvm(tmp_path):
+    """Conv and pooling output dims are followed as floor((H - k) / s) + 1, and a slice to
+    the end of a symbolic axis ends at that axis: one TVM build runs every image size."""
+    model = _PatchStemModel.export(tmp_path / "stem.onnx")
+    leg = legalize(model)
+    feeds = [{"pixel_values": np.random.default_rng(i).standard_normal((b, 3, h, w)).astype(np.float32)}
+             for i, (b, h, w) in enumerate([(1, 16, 24), (2, 32, 32), (1, 8, 40)])]
+    for f, got in zip(feeds, compile_run(import_onnx(leg), feeds)):
+        assert_parity({"tokens": ort_run(model, f)}, {"tokens": got})

@@ -317,15 +317,16 @@ def test_cuda_compile_applies_the_archs_database_before_dlight(tmp_path, monkeyp
     (the tuned kernel keeps its 96-thread blocks)."""
     from tvm.s_tir import meta_schedule as ms
     from portable_pe.compile.pipeline import compile_graph, prepare
+    from portable_pe.backends import get_backend
     from portable_pe.tune.database import (as_main, database_dir_of, fused_prim_funcs, open_database, specialize,
-                                       specialized_name, workload)
+                                           specialized_name, workload)
     monkeypatch.setenv("PORTABLE_PE_TUNING_DIR", str(tmp_path / "db"))
     st = prepare(str(TINY_SPEC), target="cuda", target_options={"arch": "sm_80"}, log=lambda m: None)
     db_dir = database_dir_of(st)
     assert db_dir == tmp_path / "db/cuda/sm_80/tiny_rope"
     point = {"batch": 1, "seq": 8}
     kernels = fused_prim_funcs(as_main(specialize(st.relax, dims=st.io["dims"], point=point), specialized_name(point)),
-                               st.tvm_target, backend="cuda")
+                               st.tvm_target, backend=get_backend("cuda"))
     name, sch = next((n, s) for n, s in ((n, _bind_gpu_schedule(k)) for n, k in sorted(kernels.items())) if s)
     db_dir.mkdir(parents=True)
     database = open_database(db_dir)

@@ -162,32 +162,35 @@ class _Rewriter:
         return self.dims.tensor(val, elem)
 
     def clamp_slice_ends(self, node):
-        """A Slice with a symbolic start or end, its "to the end" ends (>= INT_BIG) written as
-        the axis length, or None. Once one bound is symbolic, TVM's Slice converter takes
-        every bound as in range (``assume_inbound``): an end of 2**63 - 1 then makes a dim of
-        about 2**63. ONNX clamps such an end to the axis length, so this is exact."""
+        """A Slice's "to the end" ends (>= INT_BIG) written as the axis length, or None, where
+        TVM's converter would otherwise lose a dim: once one bound is symbolic it takes every
+        bound as in range (``assume_inbound``), so an end of 2**63 - 1 makes a dim of about
+        2**63; and with constant bounds on a symbolic axis its dim becomes min(2**63 - 2, T),
+        which no later broadcast can match with T. ONNX clamps such an end to the axis
+        length, so this is exact."""
         sym = self.sym
         bounds = [sym.val.get(i) if i else None for i in list(node.input[1:5]) + [""] * (5 - len(node.input))]
         starts, ends, axes, steps = bounds
         shape = sym.shape.get(node.input[0])
-        if starts is None or ends is None or shape is None or \
-                all(e.is_number for e in list(starts.ravel()) + list(ends.ravel())):
+        if starts is None or ends is None or shape is None:
             return None
         ends = list(ends.ravel())
         axes = list(range(len(ends))) if axes is None and not node.input[3:4] else axes
         steps = [1] * len(ends) if steps is None and not node.input[4:5] else steps
         if axes is None or steps is None:
             return None
-        clamped, changed = [], False
+        clamped, symbolic_axis = [], False
         for end, axis, step in zip(ends, np.ravel(axes), np.ravel(steps)):
             axis, step = sympy.sympify(axis), sympy.sympify(step)  # the defaults are plain ints
             if not (axis.is_number and step.is_number):
                 return None
             dim = shape[int(axis) + len(shape) if int(axis) < 0 else int(axis)]
             if end.is_number and int(end) >= INT_BIG and int(step) > 0 and sym.followed(dim):
-                end, changed = dim, True
+                symbolic_axis |= not dim.is_number
+                end = dim
             clamped.append(end)
-        if not changed or not all(sym.followed(e) for e in clamped):
+        symbolic_bound = not all(e.is_number for e in list(starts.ravel()) + ends)
+        if clamped == ends or not (symbolic_bound or symbolic_axis) or not all(sym.followed(e) for e in clamped):
             return None
         new = copy.deepcopy(node)
         new.input[2] = self.dims.vector(clamped)
