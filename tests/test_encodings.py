@@ -188,7 +188,14 @@ def test_bad_encoding_options_are_named(name, options, message):
 
 
 def test_registry_is_complete():
-    assert set(ENCODINGS) == {"sinusoidal", "learned", "t5_bias", "rope", "alibi", "hybrid", "none"}
+    assert set(ENCODINGS) == {"sinusoidal", "learned", "t5_bias", "rope", "alibi", "hybrid", "none",
+                              "rope_2d", "rope_mixed", "mrope", "sincos_2d", "learned_2d", "rel_bias_2d"}
+
+
+def test_the_schemas_axes_are_the_encodings():
+    """spec/schema.py spells out each encoding's axes (it must not import torch)."""
+    from portable_pe.spec.schema import ENCODING_AXES
+    assert ENCODING_AXES == {name: cls.axes for name, cls in ENCODINGS.items() if name != "hybrid"} | {"hybrid": None}
 
 
 @pytest.mark.parametrize("name,equivariant", [("none", True), ("sinusoidal", False), ("rope", False)])

@@ -59,6 +59,10 @@ def legalize_onnx(model, state) -> Added:
     from ..npu.rewrite import rewrite_for_profile
     from ..npu.vendors import get_vendor, vendor_hooks
     from ..spec.io_names import describe_io
+    if state.spec is not None and state.spec.vision is not None:
+        raise ValueError(f"graph {state.name!r} is a vision graph, and the npu target does not build vision graphs "
+                         "yet (static image sizes and the vendors' layouts are still to come); compile it for llvm, "
+                         "arm or cuda")
     profile, dtype, soc = resolve_profile(state.target_options)
     seq_len = int(state.target_options["seq_len"])
     profile.check_seq_len(seq_len)

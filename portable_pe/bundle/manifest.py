@@ -41,8 +41,8 @@ class _ListOf:
 
 _NUMBER = (int, float)
 _IO = {"name": str, "dtype": str, "dims": _ListOf((int, str))}
-_CASE = {"length": int, "inputs": _MapOf(str), "outputs": _MapOf(str)}
-_DIM = {"role": _Choice(*ROLES), "min": int, "max": int, "why?": str, "past?": bool}
+_CASE = {"length?": int, "sizes?": _MapOf(int), "inputs": _MapOf(str), "outputs": _MapOf(str)}
+_DIM = {"role": _Choice(*ROLES), "min": int, "max": int, "why?": str, "past?": bool, "multiple?": int}
 SCHEMA = {
     "format_version": int,
     "graph": {"name": str, "source": _Choice("spec", "onnx"), "spec": (dict, type(None))},
@@ -57,7 +57,7 @@ SCHEMA = {
     "static_length?": int,
     # reference.npz's records (bundle/reference.py): which array is which input or output
     "reference": {"source": _Choice("torch", "onnxruntime"), "lengths": _ListOf(int),
-                  "cases": _ListOf(_CASE, non_empty=True)},
+                  "sizes?": _ListOf(_MapOf(int)), "cases": _ListOf(_CASE, non_empty=True)},
     "tolerance": _MapOf({"atol": _NUMBER, "rtol": _NUMBER, "min_cosine": _NUMBER}),
     "versions": _MapOf(str),
     "tuning?": dict,
@@ -97,7 +97,11 @@ def validate_manifest(manifest, *, where: str) -> dict:
     for i, out in enumerate(manifest["outputs"]):
         if out["dtype"] not in manifest["tolerance"]:
             fail(f"`tolerance` has no entry for output {out['name']!r}'s dtype {out['dtype']}")
-    lengths = [case["length"] for case in manifest["reference"]["cases"]]
+    for i, case in enumerate(manifest["reference"]["cases"]):
+        if ("length" in case) == ("sizes" in case):
+            fail(f"`reference.cases[{i}]` must have a `length` (a sequence) or `sizes` (a vision bundle), not "
+                 f"{'both' if 'length' in case else 'neither'}")
+    lengths = [case["length"] for case in manifest["reference"]["cases"] if "length" in case]
     if lengths != manifest["reference"]["lengths"]:
         fail(f"`reference.cases` are at lengths {lengths}, `reference.lengths` says {manifest['reference']['lengths']}")
     if manifest["graph"]["source"] == "spec" and manifest["graph"]["spec"] is None:

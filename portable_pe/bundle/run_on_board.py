@@ -40,9 +40,11 @@ def load_manifest(bundle):
 
 
 def reference_cases(npz, index):
-    """{length: (inputs, outputs)}: the manifest's reference.cases records, read from reference.npz."""
-    return {case["length"]: ({n: npz[k] for n, k in case["inputs"].items()},
-                             {n: npz[k] for n, k in case["outputs"].items()}) for case in index}
+    """{length or size label: (inputs, outputs)}: the manifest's reference.cases records, read
+    from reference.npz."""
+    return {case.get("length") or "x".join(map(str, case["sizes"].values())):
+            ({n: npz[k] for n, k in case["inputs"].items()}, {n: npz[k] for n, k in case["outputs"].items()})
+            for case in index}
 
 
 def compare(ref, got, tol):

@@ -38,7 +38,8 @@ def cmd_compile(args) -> int:
         bundle_destination(args.out, force=args.force)
     if Path(args.graph).suffix != ".onnx":  # the same: a bad spec is refused before torch loads
         from ..spec.graphs import read_spec
-        read_spec(args.graph)
+        vision = "vision" in read_spec(args.graph)[0]
+        _sizes_or_lengths(args, vision=vision)
         if args.lengths:  # lengths the graph can never take, refused before the compile (not an empty FAIL after it)
             _refuse_beyond_spec(args.graph, lengths=args.lengths, batches=(1,))
     from ..compile.pipeline import compile_graph
@@ -61,15 +62,38 @@ def cmd_compile(args) -> int:
     skipped = sorted(set(args.lengths or ()) - set(lengths))
     if skipped:
         print(f"note: --lengths {','.join(map(str, skipped))} skipped: outside what the bundle accepts", flush=True)
+    sizes = _bundle_sizes(bundle.manifest, args)
     runner, why = _local_runner(bundle)
     vendor = vendor_runners(bundle, simulated=True)  # the simulator ran in the vendor stage
-    report = check_bundle(bundle, lengths=lengths, tvm_runner=runner,
+    report = check_bundle(bundle, lengths=lengths, sizes=sizes, tvm_runner=runner,
                           candidates=("onnxruntime", "tvm") if runner else ("onnxruntime",), extra_runners=vendor)
     report.unverified = why
     if runner is None and report.rows and not any(r.gating for r in report.rows):  # an int8 bundle for a board
         print("note: onnxruntime's int8 kernels on this machine are shown for comparison; the bundle itself "
               "is checked on the board (portable-pe deploy, or its run_on_board.py)", flush=True)
     return _print_report(report, args.json)
+
+
+def _sizes_or_lengths(args, *, vision: bool) -> None:
+    """A vision graph is checked at image sizes (--sizes), a sequence graph at lengths."""
+    if vision and args.lengths:
+        raise ValueError("--lengths: this is a vision graph, checked at image sizes: give --sizes HxW[,HxW...] "
+                         "(pixels, multiples of the patch size)")
+    if not vision and args.sizes:
+        raise ValueError("--sizes: this graph takes token sequences, checked at --lengths N[,N...]; --sizes is "
+                         "for vision graphs (a spec with [vision])")
+
+
+def _bundle_sizes(manifest: dict, args) -> list[dict] | None:
+    """--sizes parsed for this bundle's pixel axes and checked against its bounds, or None."""
+    from ..run.parity import check_request, parse_sizes, pixel_roles
+    roles = pixel_roles(manifest)
+    _sizes_or_lengths(args, vision=bool(roles))
+    if not args.sizes:
+        return None
+    sizes = [parse_sizes(text, roles) for text in args.sizes]
+    check_request(manifest, lengths=(), sizes=sizes)
+    return sizes
 
 
 def _local_runner(bundle):
@@ -124,8 +148,9 @@ def cmd_parity(args) -> int:
     from ..run.parity import check_request
     _json_path(args)
     bundle = load_bundle(args.bundle)
+    sizes = _bundle_sizes(bundle.manifest, args)
     check_request(bundle.manifest, lengths=args.lengths or (), batch=args.batch)
-    return _print_report(check_bundle(bundle, lengths=args.lengths or DEFAULT_LENGTHS, batch=args.batch,
+    return _print_report(check_bundle(bundle, lengths=args.lengths or DEFAULT_LENGTHS, batch=args.batch, sizes=sizes,
                                       extra_runners=vendor_runners(bundle, log=lambda m: print(m, flush=True))),
                          args.json)
 
@@ -207,11 +232,14 @@ def cmd_inspect(args) -> int:
         for io in m[kind]:
             print(f"  {kind[:-1]:6} {io['name']}: {io['dtype']}[{', '.join(map(str, io['dims']))}]")
     for dim, info in m.get("dims", {}).items():
-        print(f"  dim {dim} ({info['role']}): {info['min']}..{info['max']} {info.get('why', '')}")
+        step = f" in steps of {info['multiple']}" if info.get("multiple", 1) > 1 else ""
+        print(f"  dim {dim} ({info['role']}): {info['min']}..{info['max']}{step} {info.get('why', '')}")
     for bound in map(DimBound.from_json, m.get("dim_sums", [])):
         print(f"  dims {bound.text} <= {bound.max} {bound.why}")
     print(f"  simplify: {m['simplify'].get('nodes_before')} -> {m['simplify'].get('nodes_after')} nodes")
-    print(f"  reference: {m['reference']['source']} at T={m['reference']['lengths']}")
+    at = ", ".join("x".join(map(str, s.values())) for s in m["reference"]["sizes"]) if "sizes" in m["reference"] \
+        else f"T={m['reference']['lengths']}"
+    print(f"  reference: {m['reference']['source']} at {at}")
     print(f"  versions: {m['versions']}")
     if m.get("vendor"):
         from ..npu.vendors import vendor_hooks
@@ -223,11 +251,14 @@ def cmd_inspect(args) -> int:
 
 def cmd_list(args) -> int:
     from ..spec.encoding_notes import ENCODING_NOTES
-    from ..spec.graphs import DEFAULT_GRAPH, GRAPHS
+    from ..spec.graphs import DEFAULT_GRAPH, GRAPHS, VISION_GRAPHS
     from ..backends.targets import TARGETS, load_target
     print("graphs:")
     for name, path in GRAPHS.items():
         print(f"  {name}{' (default)' if name == DEFAULT_GRAPH else ''}  {path}")
+    print("vision graphs (pixel_values in, any image size within bounds; llvm, arm, cuda):")
+    for name, path in VISION_GRAPHS.items():
+        print(f"  {name}  {path}")
     print("encodings:")
     for name, note in ENCODING_NOTES.items():
         print(f"  {name:<11} {note}")

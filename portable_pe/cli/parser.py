@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import re
 from pathlib import Path
 
 #: the first paragraph of `portable-pe --help`
@@ -56,6 +57,17 @@ def _seconds(lo: float, hi: float):
             raise argparse.ArgumentTypeError(f"expected seconds in {lo:g}..{hi:g}, got {text}")
         return value
     return parse
+
+
+def _sizes(text: str) -> list[str]:
+    """HxW (or FxHxW) sizes, comma-separated: checked against the bundle's axes later."""
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    ok = values and all(re.fullmatch(r"\d+(x\d+){1,2}", v) and 0 < min(map(int, v.split("x"))) <= MAX_SIZE
+                        for v in values)
+    if not ok:
+        raise argparse.ArgumentTypeError(f"expected comma-separated image sizes in pixels like 224x224,160x256 "
+                                         f"(video: FxHxW), each in 1..{MAX_SIZE}, got {text!r}")
+    return values
 
 
 def _guide_targets(text: str) -> str:
@@ -135,6 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-intermediates", action="store_true", help="dump each stage's output beside the bundle")
     p.add_argument("--shape", action="append", type=_shape, metavar="NAME=1x128", help="fix an ONNX input's dims")
     p.add_argument("--lengths", type=_lengths, help="parity sequence lengths (default 1,7,128,300)")
+    p.add_argument("--sizes", type=_sizes, metavar="HxW,...", help="a vision graph's parity image sizes in pixels "
+                   "(default: 2x3, 4x4 and 5x3 patches)")
     p.add_argument("--json", metavar="PATH", help="also write the parity report as JSON")
     _add_target_options(p, "compile")  # --board, --arch, --profile, ...: targets/*.toml [options]
     p.add_argument("--pe-tables", choices=["int8"], help="store position tables as int8 rows with per-row scales")
@@ -174,6 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("parity", help="check a bundle against its reference at several lengths")
     p.add_argument("bundle")
     p.add_argument("--lengths", type=_lengths, help="comma-separated (default 1,7,128,300)")
+    p.add_argument("--sizes", type=_sizes, metavar="HxW,...", help="a vision bundle's image sizes in pixels, "
+                   "e.g. 224x224,160x256 (video: FxHxW; default: 2x3, 4x4 and 5x3 patches)")
     p.add_argument("--batch", type=_int_in(1, MAX_SIZE), default=1, help="batch size (default 1)")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
 

@@ -15,7 +15,7 @@ import onnx
 import torch
 
 from ..spec.graphs import GraphSpec
-from ..spec.io_names import BATCH, DYNAMIC_AXES, INPUT_NAMES, OUTPUT_NAMES, SEQ
+from ..spec.io_names import BATCH, DYNAMIC_AXES, INPUT_NAMES, OUTPUT_NAMES, PIXELS, SEQ, vision_axes
 from ..bundle.paths import write_file_atomically
 
 #: opset of our own exports: TVM's importer has no RotaryEmbedding-23 converter of its own,
@@ -25,11 +25,21 @@ METADATA_PREFIX = "portable_pe."
 
 
 def example_inputs(spec: GraphSpec, *, batch: int = 2, length: int | None = None, seed: int = 0):
-    """Seeded (x, positions) for the spec. Batch 2 keeps torch.export from specializing B=1."""
-    length = spec.example_length if length is None else length
+    """Seeded (x, positions) for the spec, or (pixel_values,) of its example_size for a
+    vision spec. Batch 2 keeps torch.export from specializing B=1."""
     gen = torch.Generator().manual_seed(seed)
+    if spec.vision is not None:
+        return (torch.randn(batch, spec.vision.channels, *spec.example_size, generator=gen),)
+    length = spec.example_length if length is None else length
     x = torch.randn(batch, length, spec.model.d_model, generator=gen)
     return x, torch.arange(length, dtype=torch.int64)
+
+
+def _io(spec: GraphSpec) -> tuple[list[str], dict]:
+    """(input names, {input: {axis: dim name}}) of the spec's export."""
+    if spec.vision is not None:
+        return [PIXELS], vision_axes(spec)
+    return list(INPUT_NAMES), DYNAMIC_AXES
 
 
 #: exporters export_onnx can use. "torchscript" is torch.onnx's tracing exporter:
@@ -71,8 +81,9 @@ def export_onnx(spec: GraphSpec, *, opset: int = EXPORT_OPSET, exporter: str = D
 
 def _export_torchscript(spec: GraphSpec, model, opset: int) -> onnx.ModelProto:
     buffer = io.BytesIO()
+    names, axes = _io(spec)
     torch.onnx.export(model, example_inputs(spec), buffer, dynamo=False, opset_version=opset,
-                      input_names=list(INPUT_NAMES), output_names=list(OUTPUT_NAMES), dynamic_axes=DYNAMIC_AXES)
+                      input_names=names, output_names=list(OUTPUT_NAMES), dynamic_axes=axes)
     return _constants_as_initializers(onnx.load_from_string(buffer.getvalue()))
 
 
@@ -101,10 +112,15 @@ def _constants_as_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
 def _export_dynamo(spec: GraphSpec, model, opset: int) -> onnx.ModelProto:
     dims = {BATCH: torch.export.Dim(BATCH, min=1, max=spec.max_batch),
             SEQ: torch.export.Dim(SEQ, min=1, max=spec.max_length)}
+    if spec.vision is not None:  # each pixel axis a multiple of its patch: patch * (patches along it)
+        from ..spec.io_names import pixel_bounds
+        for role, info in pixel_bounds(spec).items():
+            dims[role] = info["multiple"] * torch.export.Dim(f"{role}_patches", min=1, max=info["max"] // info["multiple"])
+    names, io_axes = _io(spec)
     program = torch.onnx.export(
         model, example_inputs(spec), dynamo=True, opset_version=opset,
-        input_names=list(INPUT_NAMES), output_names=list(OUTPUT_NAMES),
-        dynamic_shapes={name: {axis: dims[role] for axis, role in axes.items()} for name, axes in DYNAMIC_AXES.items()},
+        input_names=names, output_names=list(OUTPUT_NAMES),
+        dynamic_shapes={name: {axis: dims[role] for axis, role in axes.items()} for name, axes in io_axes.items()},
         verbose=False)
     return program.model_proto
 
@@ -112,7 +128,8 @@ def _export_dynamo(spec: GraphSpec, model, opset: int) -> onnx.ModelProto:
 #: where exports are cached; set it empty to turn the cache off
 CACHE_ENV = "PORTABLE_PE_CACHE_DIR"
 # The modules an encoder's export is a function of, besides the spec and the versions.
-_EXPORT_SOURCES = ("spec/model.py", "spec/encodings.py", "compile/export.py", "spec/io_names.py")
+_EXPORT_SOURCES = ("spec/model.py", "spec/position.py", "spec/encodings.py", "spec/grid_encodings.py",
+                   "spec/vision.py", "compile/export.py", "spec/io_names.py")
 
 
 def cache_dir() -> Path | None:

@@ -12,7 +12,8 @@ import onnx
 from ..backends import get_backend
 from ..backends.targets import TargetSpec, target_json
 from ..bundle.reference import ReferenceCase
-from ..run.parity import DEFAULT_LENGTHS, make_inputs, onnxruntime_runner, torch_reference, usable_lengths
+from ..run.parity import (DEFAULT_LENGTHS, default_sizes, make_inputs, onnxruntime_runner, pixel_roles,
+                          size_label, torch_reference, usable_lengths)
 from ..spec.graphs import ROOT, GraphSpec, load_graph
 from ..spec.io_names import describe_io, dim_roles
 from ..spec.schema import NAME
@@ -83,9 +84,12 @@ def stage_export(st: CompileState) -> Added | None:
 def stage_simplify(st: CompileState) -> Added:
     from .simplify import simplify_onnx
     io = describe_io(st.model, st.spec)
-    lengths = usable_lengths(io, (7, 33)) or usable_lengths(io, (1,))
-    checks = [make_inputs(io["inputs"], length=n, batch=2 if st.spec else 1, dim_roles=dim_roles(io))
-              for n in lengths]
+    batch = 2 if st.spec else 1
+    if pixel_roles(io):  # image sizes in whole patches, not sequence lengths
+        checks = [make_inputs(io["inputs"], sizes=s, batch=batch, dim_roles=dim_roles(io)) for s in default_sizes(io)[:2]]
+    else:
+        lengths = usable_lengths(io, (7, 33)) or usable_lengths(io, (1,))
+        checks = [make_inputs(io["inputs"], length=n, batch=batch, dim_roles=dim_roles(io)) for n in lengths]
     model, report = simplify_onnx(st.model, check_inputs=checks)
     st.log(f"  simplify: {report.summary()}")
     st.dump("02-simplified.onnx", model.SerializeToString())
@@ -109,7 +113,7 @@ def stage_legalize(st: CompileState) -> Added:
     """Foreign graphs: shape arithmetic made something TVM's importer follows; then the
     target's rewrites of the ONNX graph (e.g. NPU folding; none for most targets)."""
     model, io = st.model, st.io
-    if st.spec is None:
+    if st.spec is None or st.spec.vision is not None:  # a vision graph's pixel dims: through its patch stem
         from ..legalize import dim_bounds, legalize
         from ..spec.dims import apply_dim_bounds
         model = legalize(model)
@@ -189,6 +193,12 @@ def stage_reference(st: CompileState) -> Added:
             onnx.save(st.reference_model or st.model, f.name)
             run = onnxruntime_runner(f.name, [o["name"] for o in st.io["outputs"]])
     cases = []
+    if pixel_roles(st.io):
+        for sizes in default_sizes(st.io):
+            inputs = make_inputs(st.io["inputs"], sizes=sizes, dim_roles=dim_roles(st.io))
+            cases.append(ReferenceCase(None, inputs, run(inputs), sizes=sizes))
+        st.log(f"  reference at {', '.join(size_label(c.sizes) for c in cases)}")
+        return Added(reference=tuple(cases))
     for n in usable_lengths(st.io, DEFAULT_LENGTHS):
         inputs = make_inputs(st.io["inputs"], length=n, dim_roles=dim_roles(st.io))
         cases.append(ReferenceCase(n, inputs, run(inputs)))

@@ -20,6 +20,7 @@ import onnx
 import sympy
 from onnx import helper, numpy_helper
 
+from .bounds import nonnegative
 from .dimexpr import DimEmitter, NotExpressible
 from .shapes import INT_BIG
 from .symbolic import _rational, _Sym
@@ -41,6 +42,30 @@ SHAPE_INPUTS = {  # op_type -> input indices read as shapes, bounds or sizes
 # --------------------------------------------------------------------------- #
 # rewriting
 # --------------------------------------------------------------------------- #
+def _at_least(dim, start, bounds) -> bool:
+    """dim >= start for every input: linear forms by bounds.nonnegative, and a sum of terms
+    that cannot be negative (products of dims, floors of them, positive constants: a patch
+    grid's gh * gw + 1 >= 1)."""
+    if nonnegative(dim - start, bounds):
+        return True
+    terms = sympy.Add.make_args(sympy.expand(dim - start))
+    return all(_never_negative(t) for t in terms)
+
+
+def _never_negative(e) -> bool:
+    if e.is_number:
+        return bool(e >= 0)
+    if e.is_Symbol:
+        return bool(e.is_nonnegative)
+    if isinstance(e, (sympy.Mul, sympy.Add)):
+        return all(_never_negative(a) for a in e.args)
+    if isinstance(e, (sympy.floor, sympy.ceiling)):
+        return _never_negative(e.args[0])
+    if isinstance(e, sympy.Pow):
+        return _never_negative(e.base) and e.exp.is_number
+    return False
+
+
 class _Rewriter:
     def __init__(self, model: onnx.ModelProto, sym: _Sym):
         self.model = model
@@ -179,18 +204,22 @@ class _Rewriter:
         steps = [1] * len(ends) if steps is None and not node.input[4:5] else steps
         if axes is None or steps is None:
             return None
-        clamped, symbolic_axis = [], False
-        for end, axis, step in zip(ends, np.ravel(axes), np.ravel(steps)):
+        clamped, symbolic_axis, in_range = [], False, True
+        for start, end, axis, step in zip(list(starts.ravel()), ends, np.ravel(axes), np.ravel(steps)):
             axis, step = sympy.sympify(axis), sympy.sympify(step)  # the defaults are plain ints
             if not (axis.is_number and step.is_number):
                 return None
             dim = shape[int(axis) + len(shape) if int(axis) < 0 else int(axis)]
             if end.is_number and int(end) >= INT_BIG and int(step) > 0 and sym.followed(dim):
                 symbolic_axis |= not dim.is_number
+                # with every bound taken as in range, a start must be one: not from the end
+                # (x[:, -4:]) and not past the axis for any input
+                in_range &= start.is_number and int(start) >= 0 and _at_least(dim, start, sym.bounds)
                 end = dim
             clamped.append(end)
         symbolic_bound = not all(e.is_number for e in list(starts.ravel()) + ends)
-        if clamped == ends or not (symbolic_bound or symbolic_axis) or not all(sym.followed(e) for e in clamped):
+        if clamped == ends or not (symbolic_bound or (symbolic_axis and in_range)) \
+                or not all(sym.followed(e) for e in clamped):
             return None
         new = copy.deepcopy(node)
         new.input[2] = self.dims.vector(clamped)

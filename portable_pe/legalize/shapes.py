@@ -394,3 +394,16 @@ def _conv(attrs, shapes, values, n_out):
         span = None if d is None else d + pads[i] + pads[i + spatial] - dilations[i] * (sympy.sympify(kernel[i]) - 1) - 1
         out.append(None if span is None else sympy.simplify(round_(span / strides[i]) + 1))
     return [out] + [None] * (n_out - 1)
+
+
+@_rule("Resize")
+def _resize(attrs, shapes, values, n_out):
+    """The output is `sizes` where given (input 3), else each dim times its scale."""
+    x = shapes[0]
+    sizes = _vals(values[3]) if len(values) > 3 and values[3] is not None else None
+    if sizes is not None:
+        return [[sympy.sympify(s) for s in sizes]]
+    scales = _vals(values[2]) if len(values) > 2 and values[2] is not None else None
+    if x is None or scales is None or len(scales) != len(x):
+        return [None]
+    return [[None if d is None else sympy.floor(d * sympy.nsimplify(float(s))) for d, s in zip(x, scales)]]

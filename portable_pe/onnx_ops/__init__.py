@@ -17,6 +17,9 @@ replaced outright (same op_type, no renaming).
     clip.py        Clip as Relax ops
     gather.py      Gather with constant indices, without run-time index arithmetic
     minmax.py      Max/Min of dim values (PrimValues) as one PrimValue
+    div.py         a dim value over a positive constant as floordiv, as TVM's shape rules write it
+    resize.py      Resize to symbolic sizes (a position table resized to the image's grid)
+    canonical.py   every shape in TVM's canonical form once the import is done
     common.py      small Relax helpers the converters share
 """
 
@@ -32,9 +35,12 @@ from tvm.relax.frontend import onnx as relax_onnx
 from tvm.relax.frontend.onnx import onnx_frontend as _fe
 
 from .attention import Attention
+from .canonical import canonical_shapes
 from .clip import Clip
+from .div import Div
 from .gather import Gather
 from .minmax import Max, Min
+from .resize import Resize
 from .rotary import RotaryEmbedding
 
 __all__ = ["custom_converters", "import_onnx", "unsupported_nodes", "UnsupportedOnnxOps"]
@@ -66,7 +72,7 @@ _OUR_OPS = {  # op_type -> (converter, lowest opset version, highest opset versi
 
 
 # TVM converters replaced while importing (same op_type, so no renaming)
-_REPLACED_OPS = {"Clip": Clip, "Gather": Gather, "Max": Max, "Min": Min}
+_REPLACED_OPS = {"Clip": Clip, "Div": Div, "Gather": Gather, "Max": Max, "Min": Min, "Resize": Resize}
 
 
 def custom_converters() -> dict[str, type]:
@@ -171,4 +177,4 @@ def import_onnx(model: onnx.ModelProto, *, shape_dict=None, **kwargs) -> tvm.IRM
         # the checker inside from_onnx rejects the renamed ops; it only warns
         warnings.filterwarnings("ignore", message=".*No Op registered for PPE_.*")
         kwargs.setdefault("keep_params_in_input", False)
-        return relax_onnx.from_onnx(renamed, shape_dict=shape_dict, **kwargs)
+        return canonical_shapes(relax_onnx.from_onnx(renamed, shape_dict=shape_dict, **kwargs))

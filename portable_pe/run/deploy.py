@@ -213,25 +213,29 @@ def _run_on_board(bundle: Bundle, session, where: str, log) -> ParityReport:
     check_deployable(bundle, arch, where)
     log(f"uploading {bundle.file('model.so')}")
     runner = RemoteRunner(session, bundle, where)
-    runs: dict[int, dict[str, np.ndarray]] = {}
+    runs: dict[str, dict[str, np.ndarray]] = {}
     stored = bundle_cases(bundle)
     for case in stored:
-        log(f"  running T={case.length} on the board")
-        runs[case.length] = runner.run(case.inputs)
+        log(f"  running {case.label} on the board")
+        runs[case.label] = runner.run(case.inputs)
 
     def cached(inputs):  # the harness regenerates the same seeded inputs: reuse the board's run
-        length = next((c.length for c in stored
-                       if all(np.array_equal(c.inputs[k], v) for k, v in inputs.items())), None)
-        return runs[length] if length is not None else runner.run(inputs)
+        label = next((c.label for c in stored
+                      if all(np.array_equal(c.inputs[k], v) for k, v in inputs.items())), None)
+        return runs[label] if label is not None else runner.run(inputs)
 
     # the tuned entries (batch 1) run at their own lengths too, so the board checks what tuning changed
     tuned = {e["seq"]: e["function"] for e in bundle.manifest.get("tuning", {}).get("specializations", [])
              if e["batch"] == 1}
     for length, function in sorted(tuned.items()):
         log(f"  tuned entry {function} runs at T={length}")
-    report = check_bundle(bundle, lengths=tuple(sorted({*(c.length for c in stored), *tuned})), tvm_runner=cached)
+    if stored and stored[0].sizes is not None:  # a vision bundle: its stored sizes
+        report = check_bundle(bundle, sizes=[c.sizes for c in stored], tvm_runner=cached)
+    else:
+        report = check_bundle(bundle, lengths=tuple(sorted({*(c.length for c in stored), *tuned})), tvm_runner=cached)
     report.target = f"{bundle.target} @ {where}"
     for case in stored:
-        report.rows += compare(case.outputs, runs[case.length], name="board vs reference.npz", length=case.length,
+        report.rows += compare(case.outputs, runs[case.label], name="board vs reference.npz",
+                               length=case.length if case.sizes is None else case.label,
                                tolerance_overrides=bundle.manifest.get("tolerance"))
     return report

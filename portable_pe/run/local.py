@@ -44,6 +44,10 @@ def check_inputs(manifest: dict, inputs: dict[str, np.ndarray]) -> None:
             if size < lo or (hi is not None and size > hi):
                 raise InputError(f"input {name!r} axis {axis} ({dim}) is {size}; this bundle accepts "
                                  f"{dim} in {lo}..{hi}{' ' + bounds[dim]['why'] if 'why' in bounds.get(dim, {}) else ''}")
+            step = bounds.get(dim, {}).get("multiple", 1)
+            if size % step:  # a vision graph's pixels: whole patches only
+                raise InputError(f"input {name!r} axis {axis} ({dim}) is {size}; it must be a multiple of the "
+                                 f"patch size {step} (e.g. {size - size % step or step} or {size - size % step + step})")
             if bound_values.setdefault(dim, size) != size:
                 raise InputError(f"dim {dim!r} is {bound_values[dim]} in one input and {size} in "
                                  f"input {name!r}; they must agree")

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 
 from ..spec.dims import dim_sum_error
-from ..spec.io_names import BATCH, HIDDEN, POSITIONS, SEQ, X, dim_roles, is_position_input
+from ..spec.io_names import BATCH, HIDDEN, PIXEL_ROLES, POSITIONS, SEQ, X, dim_roles, is_position_input
 
 #: absolute and relative (to the reference's largest magnitude) error allowed, by dtype.
 #: A result passes when max_abs <= atol + rtol * max|ref| and cosine >= min_cosine.
@@ -33,6 +33,9 @@ TOLERANCES = {
     "bf16_compute": {"atol": 0.0, "rtol": 5e-2, "min_cosine": 0.999},
 }
 DEFAULT_LENGTHS = (1, 7, 128, 300)
+#: a vision bundle's default sizes, in patches per axis (2 x 3, 4 x 4 and 5 x 3 patches;
+#: video: 2 frame groups): none of them square with the export example's, one not square
+DEFAULT_GRIDS = ((2, 3), (4, 4), (5, 3))
 
 
 def tolerance_for(dtype: str, overrides: dict | None = None) -> dict:
@@ -41,19 +44,20 @@ def tolerance_for(dtype: str, overrides: dict | None = None) -> dict:
     return {**TOLERANCES[dtype], **(overrides or {}).get(dtype, {})}
 
 
-def make_inputs(input_specs: list[dict], *, length: int, batch: int = 1, seed: int = 0,
-                dim_roles: dict[str, str] | None = None) -> dict[str, np.ndarray]:
-    """Seeded inputs: symbolic 'seq' dims take `length`, 'batch' dims take `batch`.
+def make_inputs(input_specs: list[dict], *, length: int = 1, batch: int = 1, seed: int = 0,
+                dim_roles: dict[str, str] | None = None, sizes: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+    """Seeded inputs: symbolic 'seq' dims take `length`, 'batch' dims take `batch`, pixel
+    dims (height, width, frames) their size in `sizes` ({role: pixels}).
 
     Float inputs are standard normal; position inputs count 0..T-1; masks are ones;
     other integer inputs (token ids) are drawn below the input's declared limit.
     """
     rng = np.random.default_rng(seed)
     roles = dim_roles or {}
+    given = {BATCH: batch, SEQ: length, **(sizes or {})}
     arrays = {}
     for spec in input_specs:
-        shape = [d if isinstance(d, int) else (batch if roles.get(d) == BATCH else length)
-                 for d in spec["dims"]]
+        shape = [d if isinstance(d, int) else given[roles.get(d, SEQ)] for d in spec["dims"]]
         name, dtype = spec["name"], np.dtype(spec["dtype"])
         if dtype.kind == "f":
             arrays[spec["name"]] = rng.standard_normal(shape).astype(dtype)
@@ -70,7 +74,7 @@ def make_inputs(input_specs: list[dict], *, length: int, batch: int = 1, seed: i
 @dataclass
 class Comparison:
     candidate: str
-    length: int
+    length: int | str  # a sequence length, or a vision bundle's size ("32x48")
     output: str
     shape: list
     max_abs: float
@@ -82,7 +86,7 @@ class Comparison:
 
 
 def compare(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray], *,
-            name: str, length: int, tolerance_overrides: dict | None = None) -> list[Comparison]:
+            name: str, length: int | str, tolerance_overrides: dict | None = None) -> list[Comparison]:
     rows = []
     for out, ref in reference.items():
         got = candidate.get(out)
@@ -138,7 +142,8 @@ class ParityReport:
 
     def to_markdown(self) -> str:
         lines = [f"### parity: {self.graph} on {self.target} (reference: {self.reference})", "",
-                 "| candidate | T | output | shape | max abs | max rel | cosine | result |",
+                 f"| candidate | {'size' if any(isinstance(r.length, str) for r in self.rows) else 'T'} | output | shape "
+                 "| max abs | max rel | cosine | result |",
                  "|---|---:|---|---|---:|---:|---:|---|"]
         for r in self.rows:
             lines.append(f"| {r.candidate} | {r.length} | {r.output} | {'x'.join(map(str, r.shape))} | "
@@ -152,6 +157,50 @@ class ParityReport:
         return "\n".join(lines)
 
 
+def pixel_roles(manifest: dict) -> list[str]:
+    """A vision bundle's pixel dims by role, in axis order (frames, height, width); [] otherwise."""
+    present = {info.get("role") for info in manifest.get("dims", {}).values()}
+    return [role for role in PIXEL_ROLES if role in present]
+
+
+def size_label(sizes: dict[str, int]) -> str:
+    """"32x48" for {"height": 32, "width": 48} (frames first when there are frames)."""
+    return "x".join(str(sizes[role]) for role in PIXEL_ROLES if role in sizes)
+
+
+def parse_sizes(text: str, roles: list[str]) -> dict[str, int]:
+    """{"height": 32, "width": 48} from "32x48" for a bundle whose pixel roles are `roles`."""
+    values = text.split("x")
+    if len(values) != len(roles) or not all(v.isdigit() for v in values):
+        raise ValueError(f"--sizes {text!r}: expected {'x'.join(r.upper()[0] for r in roles)} "
+                         f"({', '.join(roles)} in pixels), e.g. {'x'.join(['32'] * len(roles))}")
+    return dict(zip(roles, map(int, values)))
+
+
+def default_sizes(manifest: dict) -> list[dict[str, int]]:
+    """DEFAULT_GRIDS in pixels for a vision bundle, within its bounds."""
+    roles, dims = pixel_roles(manifest), {info["role"]: info for info in manifest["dims"].values()}
+    out = []
+    for grid in DEFAULT_GRIDS:
+        counts = ([2] if len(roles) == 3 else []) + list(grid)
+        sizes = {role: n * dims[role].get("multiple", 1) for role, n in zip(roles, counts)}
+        if all(dims[r]["min"] <= s <= dims[r]["max"] for r, s in sizes.items()):
+            out.append(sizes)
+    return out
+
+
+def size_error(manifest: dict, sizes: dict[str, int]) -> str | None:
+    """Why a vision bundle cannot take `sizes`, or None."""
+    dims = {info["role"]: info for info in manifest["dims"].values()}
+    for role, size in sizes.items():
+        info = dims[role]
+        if not info["min"] <= size <= info["max"]:
+            return f"{role} {size} is outside {info['min']}..{info['max']}"
+        if size % info.get("multiple", 1):
+            return f"{role} {size} is not a multiple of the patch size {info['multiple']}"
+    return None
+
+
 def usable_lengths(manifest: dict, lengths) -> list[int]:
     """The requested lengths the bundle accepts; a static graph has its one length."""
     seq = [info for info in manifest.get("dims", {}).values() if info.get("role") == SEQ]
@@ -163,8 +212,16 @@ def usable_lengths(manifest: dict, lengths) -> list[int]:
     return [n for n in lengths if lo <= n <= hi and not dim_sum_error(manifest, dict.fromkeys(seq_dims, n))]
 
 
-def check_request(manifest: dict, *, lengths, batch: int = 1) -> None:
-    """Refuse sequence lengths or a batch the bundle cannot take, naming its bounds."""
+def check_request(manifest: dict, *, lengths, batch: int = 1, sizes=()) -> None:
+    """Refuse sequence lengths, pixel sizes or a batch the bundle cannot take, naming its bounds."""
+    for wanted in sizes:
+        why = size_error(manifest, wanted)
+        if why:
+            raise ValueError(f"--sizes {size_label(wanted)}: {why}; this bundle accepts "
+                             + ", ".join(f"{info['role']} {info['min']}..{info['max']} in steps of {info.get('multiple', 1)}"
+                                         for info in manifest["dims"].values() if info["role"] in PIXEL_ROLES))
+    if pixel_roles(manifest):
+        lengths = ()  # a vision bundle's cases are sizes, not lengths
     bad = sorted(set(lengths) - set(usable_lengths(manifest, lengths)))
     if bad:
         seq = [f"{info['min']}..{info['max']}" for info in manifest.get("dims", {}).values() if info["role"] == SEQ]
@@ -184,7 +241,7 @@ def torch_reference(spec_dict: dict):
 
     def run(inputs):
         feeds = {k: torch.from_numpy(v) for k, v in inputs.items()}
-        if POSITIONS not in feeds:  # an NPU graph has positions folded in as arange(T)
+        if X in feeds and POSITIONS not in feeds:  # an NPU graph has positions folded in as arange(T)
             feeds[POSITIONS] = torch.arange(feeds[X].shape[1])
         with torch.no_grad():
             out = model(**feeds)
@@ -199,9 +256,10 @@ def onnxruntime_runner(onnx_path, output_names: list[str]):
     return lambda inputs: dict(zip(output_names, session.run(output_names, inputs)))
 
 
-def check_bundle(bundle, *, lengths=DEFAULT_LENGTHS, batch: int = 1, seed: int = 0,
+def check_bundle(bundle, *, lengths=DEFAULT_LENGTHS, batch: int = 1, seed: int = 0, sizes=None,
                  tvm_runner=None, candidates=("onnxruntime", "tvm"), extra_runners: dict | None = None) -> ParityReport:
-    """Compare the bundle (and onnxruntime on its ONNX) with the reference at each length.
+    """Compare the bundle (and onnxruntime on its ONNX) with the reference at each length,
+    or, for a vision bundle, at each of `sizes` ({role: pixels}; default: default_sizes).
 
     `tvm_runner` runs the compiled module (default: load it here); deploy passes one
     that runs on a board over RPC. `extra_runners` adds candidates by name (e.g. a vendor
@@ -227,10 +285,15 @@ def check_bundle(bundle, *, lengths=DEFAULT_LENGTHS, batch: int = 1, seed: int =
     peers = {"onnxruntime"} if manifest.get("precision", "fp32") != "fp32" else set()
     report = ParityReport(bundle.name, bundle.target, ref_source)
     roles = dim_roles(manifest)
-    for length in usable_lengths(manifest, lengths):
-        inputs = make_inputs(manifest["inputs"], length=length, batch=batch, seed=seed, dim_roles=roles)
+    if pixel_roles(manifest):
+        cases = [(size_label(s), {"sizes": s}) for s in (sizes if sizes is not None else default_sizes(manifest))
+                 if size_error(manifest, s) is None]
+    else:
+        cases = [(n, {"length": n}) for n in usable_lengths(manifest, lengths)]
+    for label, at in cases:
+        inputs = make_inputs(manifest["inputs"], batch=batch, seed=seed, dim_roles=roles, **at)
         expected = reference(inputs)
         for name, run in active.items():
-            rows = compare(expected, run(inputs), name=name, length=length, tolerance_overrides=manifest.get("tolerance"))
+            rows = compare(expected, run(inputs), name=name, length=label, tolerance_overrides=manifest.get("tolerance"))
             report.rows += [replace(r, gating=name not in peers) for r in rows]
     return report

@@ -12,4 +12,10 @@ ENCODING_NOTES = {
     "alibi": "linear distance penalty; extrapolates to lengths longer than training",
     "hybrid": "per-layer mix, e.g. RoPE low, relative bias high",
     "none": "no position information: the baseline `portable-pe guide` measures the others against",
+    "rope_2d": "image patches: axial 2D RoPE, half the pairs by row, half by column (DINOv3, Pixtral)",
+    "rope_mixed": "image patches: RoPE with learned per-head frequencies mixing both axes (RoPE-Mixed)",
+    "mrope": "video patches: rotary sections per axis, frame/row/column (Qwen2-VL's M-RoPE)",
+    "sincos_2d": "image patches: 2D sin/cos, half the channels per axis (MAE); absolute",
+    "learned_2d": "image patches: learned table of a base grid, bicubic-resized to the image's (ViT, DINOv2)",
+    "rel_bias_2d": "image patches: learned bias per 2D offset on the logits (BEiT, Swin)",
 }

@@ -8,8 +8,10 @@ touches the model code:
     bias(positions)          -> (H, T, T)  relative encodings add to the attention logits
                                            (or None)
 
-`positions` is always an explicit int64 tensor of shape (T,): the sequence length stays
-dynamic through ONNX and TVM, and offsets (positions = start + arange(T)) just work.
+`positions` is an explicit int64 tensor of shape (T,) for a token sequence: the sequence
+length stays dynamic through ONNX and TVM, and offsets (positions = start + arange(T)) just
+work. The grid encodings (grid_encodings.py, in ENCODINGS too) take (*grid, A) positions of
+image or video patches; an encoding's `axes` says how many it takes (1 here).
 """
 
 from __future__ import annotations
@@ -20,34 +22,8 @@ import math
 import torch
 from torch import nn
 
-
-class PositionEncoding(nn.Module):
-    """Base class: every hook is the identity, so an encoding overrides only its own."""
-
-    #: longest sequence the encoding can represent (None: unbounded)
-    max_length: int | None = None
-
-    def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return x
-
-    def rotate(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor):
-        return q, k
-
-    def bias(self, positions: torch.Tensor) -> torch.Tensor | None:
-        return None
-
-    def for_layer(self, index: int) -> PositionEncoding:
-        """The encoding that layer `index` uses (hybrids differ per layer)."""
-        return self
-
-
-def _exporting() -> bool:
-    return torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.compiler.is_exporting()
-
-
-class NoPosition(PositionEncoding):
-    """No position information at all (every hook is the identity): the baseline that the
-    guide measures every encoding against. The encoder is then permutation-equivariant."""
+from .grid_encodings import GRID_ENCODINGS
+from .position import NoPosition, PositionEncoding, _exporting
 
 
 class Sinusoidal(PositionEncoding):
@@ -202,6 +178,11 @@ class Hybrid(PositionEncoding):
             for name in dict.fromkeys(layers)})
         bounds = [p.max_length for p in self.parts.values() if p.max_length is not None]
         self.max_length = min(bounds) if bounds else None
+        axes = {p.axes for p in self.parts.values()} - {None}
+        if len(axes) > 1:
+            raise ValueError(f"hybrid layers take positions of different axes ({sorted(axes)}): "
+                             f"{', '.join(f'{n} {p.axes}' for n, p in self.parts.items())}; mix encodings of one kind")
+        self.axes = axes.pop() if axes else None
 
     def embed(self, x, positions):
         for part in self.parts.values():
@@ -220,6 +201,7 @@ ENCODINGS: dict[str, type[PositionEncoding]] = {
     "alibi": ALiBi,
     "hybrid": Hybrid,
     "none": NoPosition,
+    **GRID_ENCODINGS,  # 2D and 3D: positions (*grid, A) of image and video patches
 }
 
 _DIMENSION_ARGS = ("d_model", "n_heads", "head_dim", "n_layers")

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .encodings import PositionEncoding
+from .position import PositionEncoding
 
 
 def _flat(positions: torch.Tensor) -> torch.Tensor:

@@ -4,6 +4,13 @@
     positions  int64 (seq,)                    each token's position (like position_ids)
     hidden     float32 (batch, seq, d_model)   the encoder's output
 
+A vision graph (a spec with [vision]) takes pixels, and computes its patches' positions:
+
+    pixel_values  float32 (batch, C, height, width), video (batch, C, frames, height, width)
+    hidden        float32 (batch, tokens, d_model)   prefix (CLS, registers) + patch tokens
+
+whose height, width and frames are dims of their own, each a multiple of its patch size.
+
 A foreign ONNX graph keeps its own names: its position input is recognized by name
 (`is_position_input`) and each symbolic dim gets a role by where it sits (`dim_role`).
 The export, the manifest (`describe_io`), input generation, the reference runner and the
@@ -16,10 +23,29 @@ import re
 
 X, POSITIONS, HIDDEN = "x", "positions", "hidden"
 INPUT_NAMES, OUTPUT_NAMES = (X, POSITIONS), (HIDDEN,)
+PIXELS = "pixel_values"
 BATCH, SEQ = "batch", "seq"
-ROLES = (BATCH, SEQ)
+FRAMES, HEIGHT, WIDTH = "frames", "height", "width"
+ROLES = (BATCH, SEQ, FRAMES, HEIGHT, WIDTH)
+#: the roles of a vision graph's pixel sizes, in the order of their axes
+PIXEL_ROLES = (FRAMES, HEIGHT, WIDTH)
 #: input -> {axis: role} of our own exports; the dim_params are the role names
 DYNAMIC_AXES = {X: {0: BATCH, 1: SEQ}, POSITIONS: {0: SEQ}}
+
+
+def vision_axes(spec) -> dict[str, dict[int, str]]:
+    """DYNAMIC_AXES of a vision spec's export: the batch and each pixel axis."""
+    roles = PIXEL_ROLES if spec.vision.video else PIXEL_ROLES[1:]
+    return {PIXELS: {0: BATCH, **{2 + i: role for i, role in enumerate(roles)}}}
+
+
+def pixel_bounds(spec) -> dict[str, dict]:
+    """The manifest's dims of a vision spec's pixel axes: min one patch, max max_size, and
+    the patch each must be a multiple of."""
+    roles = PIXEL_ROLES if spec.vision.video else PIXEL_ROLES[1:]
+    patches = ([spec.vision.temporal_patch] if spec.vision.video else []) + [spec.vision.patch] * 2
+    return {role: {"role": role, "min": patch, "max": top, "multiple": patch}
+            for role, patch, top in zip(roles, patches, spec.max_size)}
 #: the bounds of a foreign graph's symbolic dims (ours come from the spec's export bounds)
 FOREIGN_DIM_MAX = 4096
 
@@ -56,7 +82,7 @@ def describe_io(model, spec) -> dict:
         dims[d].update(min=0, past=True)
     if spec is not None:
         dims = {BATCH: {"role": BATCH, "min": 1, "max": spec.max_batch},
-                SEQ: {"role": SEQ, "min": 1, "max": spec.max_length}}
+                **(pixel_bounds(spec) if spec.vision is not None else {SEQ: {"role": SEQ, "min": 1, "max": spec.max_length}})}
     desc = {"inputs": inputs, "outputs": outputs, "dims": dims}
     if spec is not None and spec.build().pe.max_length is not None:
         why = f"learned position table of {spec.max_length} rows"

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .encodings import PositionEncoding, build_encoding
@@ -48,15 +49,29 @@ class Attention(nn.Module):
     def _heads(self, x):
         return x.unflatten(-1, (self.n_heads, self.head_dim)).transpose(1, 2)  # (B, H, T, Dh)
 
-    def forward(self, x, positions, pe: PositionEncoding):
+    def forward(self, x, positions, pe: PositionEncoding, prefix: int = 0):
         q, k, v = self._heads(self.q(x)), self._heads(self.k(x)), self._heads(self.v(x))
-        q, k = pe.rotate(q, k, positions)
+        q, k = _rotate(pe, q, k, positions, prefix)
         logits = (q @ k.transpose(-2, -1)) * self.scale  # (B, H, T, T)
         bias = pe.bias(positions)
         if bias is not None:
-            logits = logits + bias  # (H, T, T) broadcasts over B
+            logits = logits + _pad_prefix(bias, prefix)  # (H, T, T) broadcasts over B
         y = logits.softmax(dim=-1) @ v  # (B, H, T, Dh)
         return self.proj(y.transpose(1, 2).flatten(-2))  # (B, T, D)
+
+
+def _rotate(pe: PositionEncoding, q, k, positions, prefix: int):
+    """pe.rotate on the tokens after the first `prefix` (a vision encoder's CLS and register
+    tokens, which have no position); the whole sequence when prefix is 0."""
+    if not prefix:
+        return pe.rotate(q, k, positions)
+    rq, rk = pe.rotate(q[:, :, prefix:], k[:, :, prefix:], positions)
+    return torch.cat([q[:, :, :prefix], rq], dim=2), torch.cat([k[:, :, :prefix], rk], dim=2)
+
+
+def _pad_prefix(bias, prefix: int):
+    """A (H, N, N) bias of the patch tokens as (H, P + N, P + N): no bias to or from a prefix token."""
+    return F.pad(bias, (prefix, 0, prefix, 0)) if prefix else bias
 
 
 class MLP(nn.Module):
@@ -78,8 +93,8 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, positions, pe: PositionEncoding):
-        x = x + self.attn(self.norm1(x), positions, pe)
+    def forward(self, x, positions, pe: PositionEncoding, prefix: int = 0):
+        x = x + self.attn(self.norm1(x), positions, pe, prefix)
         return x + self.mlp(self.norm2(x))
 
 
@@ -92,16 +107,25 @@ class Encoder(nn.Module):
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        if self.pe.axes not in (None, 1):
+            raise ValueError(f"a sequence encoder's positions have one axis; this encoding takes {self.pe.axes} "
+                             "(an image or video encoding: give the graph a [vision] table)")
         x = self.pe.embed(x, positions)  # (B, T, D)
         for i, block in enumerate(self.blocks):
             x = block(x, positions, self.pe.for_layer(i))
         return self.norm(x)
 
 
+def seeded_encoding(cfg: EncoderConfig, encoding: str, options: dict | None = None, *,
+                    seed: int = 0) -> PositionEncoding:
+    """The encoding, built right after seeding torch: everything built after it (the
+    blocks) is then a pure function of the seed too."""
+    torch.manual_seed(seed)
+    return build_encoding(encoding, options or {}, d_model=cfg.d_model, n_heads=cfg.n_heads,
+                          head_dim=cfg.head_dim, n_layers=cfg.n_layers)
+
+
 def build_encoder(cfg: EncoderConfig, encoding: str, options: dict | None = None, *,
                   seed: int = 0) -> Encoder:
     """An Encoder in eval mode whose weights are a pure function of (cfg, encoding, seed)."""
-    torch.manual_seed(seed)
-    pe = build_encoding(encoding, options or {}, d_model=cfg.d_model, n_heads=cfg.n_heads,
-                        head_dim=cfg.head_dim, n_layers=cfg.n_layers)
-    return Encoder(cfg, pe).eval()
+    return Encoder(cfg, seeded_encoding(cfg, encoding, options, seed=seed)).eval()

@@ -34,6 +34,13 @@ def number(*, above: float, hi: float = math.inf) -> Rule:
                 lambda v: type(v) in (int, float) and math.isfinite(v) and above < v <= hi)
 
 
+def integers(n: int | tuple[int, ...], lo: int, hi: int) -> Rule:
+    """A list of `n` integers (or any of the counts in a tuple) in lo..hi."""
+    counts = (n,) if isinstance(n, int) else n
+    return Rule(f"a list of {' or '.join(map(str, counts))} integers in {lo}..{hi}",
+                lambda v: isinstance(v, list) and len(v) in counts and all(type(e) is int and lo <= e <= hi for e in v))
+
+
 BOOLEAN = Rule("true or false", lambda v: type(v) is bool)
 TEXT = Rule("a string", lambda v: isinstance(v, str))
 #: the name becomes part of file paths (exports, tuning databases): no separators, no leading dot
@@ -44,7 +51,12 @@ TOP = {"name": NAME, "description": TEXT, "seed": integer(0, 2**32 - 1)}
 MODEL = {"d_model": integer(1, 16384), "n_heads": integer(1, 1024), "n_layers": integer(1, 256),
          "d_ff": integer(1, 65536), "norm_eps": number(above=0, hi=1)}
 EXPORT = {"example_length": integer(1, MAX_LENGTH), "max_length": integer(1, MAX_LENGTH),
-          "max_batch": integer(1, 65536)}
+          "max_batch": integer(1, 65536),
+          # a vision graph's [H, W] (video: [F, H, W]) pixel sizes: the export example, the largest
+          "example_size": integers((2, 3), 1, MAX_LENGTH), "max_size": integers((2, 3), 1, MAX_LENGTH)}
+#: [vision]: a patch stem in front of the encoder (spec/vision.py VisionConfig)
+VISION = {"patch": integer(1, 1024), "channels": integer(1, 1024), "cls_tokens": integer(0, 64),
+          "registers": integer(0, 64), "temporal_patch": integer(0, 64)}
 ENCODING_OPTIONS = {
     "sinusoidal": {"base": number(above=1)},
     "learned": {"max_len": integer(1, MAX_LENGTH)},
@@ -53,16 +65,30 @@ ENCODING_OPTIONS = {
     "alibi": {},
     "hybrid": {},  # `layers` and one table of options per listed encoding: checked in _encoding
     "none": {},  # the no-position baseline (graphs/baselines/none.toml)
+    # grid encodings (spec/grid_encodings.py): positions of image (2 axes) or video (3) patches
+    "rope_2d": {"base": number(above=1)},
+    "rope_mixed": {"base": number(above=1)},
+    "mrope": {"base": number(above=1), "sections": integers(3, 0, 8192)},
+    "sincos_2d": {"base": number(above=1)},
+    "learned_2d": {"grid": integers(2, 1, 4096)},
+    "rel_bias_2d": {"grid": integers(2, 1, 4096)},
 }
+#: the position axes each encoding takes (their classes' `axes`; a test keeps them the same):
+#: 1 for a sequence, 2 for image patches, 3 for video patches; None: any
+ENCODING_AXES = {"sinusoidal": 1, "learned": 1, "t5_bias": 1, "rope": 1, "alibi": 1, "hybrid": None, "none": None,
+                 "rope_2d": 2, "rope_mixed": 2, "mrope": 3, "sincos_2d": 2, "learned_2d": 2, "rel_bias_2d": 2}
 #: what a left-out field takes, for the checks that span fields: the defaults of
 #: EncoderConfig, GraphSpec and the encodings' constructors, spelled out because those
 #: modules load torch (a test keeps them the same)
 DEFAULTS = {
     "model": {"d_model": 256, "n_heads": 4, "n_layers": 4, "d_ff": 1024, "norm_eps": 1e-5},
     "export": {"example_length": 16, "max_length": 4096, "max_batch": 64},
+    "vision": {"patch": 16, "channels": 3, "cls_tokens": 1, "registers": 0, "temporal_patch": 0},
     "encoding": {"sinusoidal": {"base": 10000.0}, "learned": {"max_len": 512},
                  "t5_bias": {"num_buckets": 32, "max_distance": 128},
-                 "rope": {"base": 10000.0, "rotary_dim": None, "interleaved": False}, "alibi": {}, "hybrid": {}, "none": {}},
+                 "rope": {"base": 10000.0, "rotary_dim": None, "interleaved": False}, "alibi": {}, "hybrid": {}, "none": {},
+                 "rope_2d": {"base": 100.0}, "rope_mixed": {"base": 100.0}, "mrope": {"base": 10000.0, "sections": None},
+                 "sincos_2d": {"base": 10000.0}, "learned_2d": {"grid": None}, "rel_bias_2d": {"grid": None}},
 }
 def validate_spec(data, *, source: str) -> dict:
     """`data` with `encoding` as a table, once every field follows the schema."""
@@ -70,15 +96,16 @@ def validate_spec(data, *, source: str) -> dict:
     fail = _failer(source)
     if not isinstance(data, dict):
         fail(f"a graph spec must be a TOML table, got {type(data).__name__}")
-    _table(data, {**TOP, "model": None, "encoding": None, "export": None}, "", fail)
+    _table(data, {**TOP, "model": None, "encoding": None, "export": None, "vision": None}, "", fail)
     for key in ("name", "model", "encoding"):
         if key not in data:
             fail(f"missing required key `{key}`")
-    for key in ("model", "export"):
+    for key in ("model", "export", "vision"):
         if not isinstance(data.get(key, {}), dict):
             fail(f"{key} = {data[key]!r}: expected a table ([{key}])")
     _table(data["model"], MODEL, "model.", fail)
     _table(data.get("export", {}), EXPORT, "export.", fail)
+    _table(data.get("vision", {}), VISION, "vision.", fail)
     model, export = {**defaults["model"], **data["model"]}, {**defaults["export"], **data.get("export", {})}
     d_model, n_heads = model["d_model"], model["n_heads"]
     if d_model % n_heads:
@@ -98,7 +125,45 @@ def validate_spec(data, *, source: str) -> dict:
         if part["name"] == "learned" and example > table:
             fail(f"export.example_length = {example} exceeds the learned table's max_len = {table}; "
                  "expected example_length <= max_len")
+    _axes(encoding, data, fail)
+    if "vision" in data:
+        _vision_sizes({**defaults["vision"], **data["vision"]}, export, fail)
+    elif {"example_size", "max_size"} & set(export):
+        fail("export.example_size and export.max_size are a vision graph's pixel sizes; this graph has no "
+             "[vision] table (a sequence graph's bounds are export.example_length and export.max_length)")
     return {**data, "encoding": encoding}
+
+
+def _axes(encoding: dict, data: dict, fail) -> None:
+    """The encoding's position axes must be the graph's: 1 for a sequence, 2 for images, 3 for video."""
+    names = [encoding["name"]] if encoding["name"] != "hybrid" else list(dict.fromkeys(encoding["layers"]))
+    vision = data.get("vision")
+    wanted = 1 if vision is None else 3 if vision.get("temporal_patch", 0) else 2
+    what = {1: "a sequence graph (no [vision] table)", 2: "an image graph ([vision])",
+            3: "a video graph ([vision] temporal_patch > 0)"}[wanted]
+    for name in names:
+        axes = ENCODING_AXES[name]
+        if axes not in (None, wanted):
+            fail(f"encoding {name!r} takes positions of {axes} axes; {what} has {wanted}: choose "
+                 f"{', '.join(n for n, a in ENCODING_AXES.items() if a == wanted)}")
+
+
+def _vision_sizes(vision: dict, export: dict, fail) -> None:
+    """example_size and max_size: one size per pixel axis, each a multiple of its patch."""
+    patches = ([vision["temporal_patch"]] if vision["temporal_patch"] else []) + [vision["patch"]] * 2
+    axes = ["frames"] * (len(patches) == 3) + ["height", "width"]
+    for key in ("example_size", "max_size"):
+        if key not in export:
+            fail(f"missing export.{key}: a vision graph needs [{', '.join(a.upper()[0] for a in axes)}] pixel sizes "
+                 f"(multiples of {patches})")
+        sizes = export[key]
+        if len(sizes) != len(patches):
+            fail(f"export.{key} = {sizes}: expected {len(patches)} sizes ({', '.join(axes)})")
+        for axis, size, patch in zip(axes, sizes, patches):
+            if size % patch:
+                fail(f"export.{key} = {sizes}: {axis} {size} is not a multiple of its patch size {patch}")
+    if any(e > m for e, m in zip(export["example_size"], export["max_size"])):
+        fail(f"export.example_size = {export['example_size']} exceeds export.max_size = {export['max_size']}")
 
 
 def _encoding(options: dict, where: str, fail, *, model: dict, defaults: dict, hybrid_allowed: bool) -> None:

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .encodings import PositionEncoding
-from .model import Block, EncoderConfig
+from .model import Block, EncoderConfig, seeded_encoding
+from .position import PositionEncoding
 
 
 @dataclass(frozen=True)
@@ -93,8 +93,8 @@ class PatchStem(nn.Module):
 class VisionEncoder(nn.Module):
     def __init__(self, cfg: EncoderConfig, vision: VisionConfig, encoding: PositionEncoding):
         super().__init__()
-        if getattr(encoding, "axes", 1) != vision.axes:
-            raise ValueError(f"the encoding's positions have {getattr(encoding, 'axes', 1)} axis(es); this graph's "
+        if encoding.axes not in (None, vision.axes):
+            raise ValueError(f"the encoding's positions have {encoding.axes} axis(es); this graph's "
                              f"patches have {vision.axes} ({'frame, row, column' if vision.video else 'row, column'}): "
                              f"choose a {vision.axes}D encoding")
         self.cfg, self.vision, self.pe = cfg, vision, encoding
@@ -111,3 +111,10 @@ class VisionEncoder(nn.Module):
         for i, block in enumerate(self.blocks):
             x = block(x, positions, self.pe.for_layer(i), prefix=self.vision.prefix)
         return self.norm(x)
+
+
+def build_vision_encoder(cfg: EncoderConfig, vision: VisionConfig, encoding: str, options: dict | None = None, *,
+                         seed: int = 0) -> VisionEncoder:
+    """A VisionEncoder in eval mode whose weights are a pure function of (cfg, vision,
+    encoding, seed)."""
+    return VisionEncoder(cfg, vision, seeded_encoding(cfg, encoding, options, seed=seed)).eval()
