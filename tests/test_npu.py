@@ -63,8 +63,10 @@ def torch_out(spec, x):
 
 
 def test_every_encoding_has_a_tiny_graph():
-    # the no-position baseline has no positions input to fold
-    assert set(ENCODINGS) - {"none"} <= set(TINY_OPTIONS), "add the new encoding to TINY_OPTIONS"
+    # the no-position baseline has no positions input to fold; the grid encodings' vision
+    # graphs the npu target does not build yet (test_vision.py checks that it says so)
+    sequence = {name for name, cls in ENCODINGS.items() if cls.axes == 1 or name == "hybrid"}
+    assert sequence <= set(TINY_OPTIONS), "add the new encoding to TINY_OPTIONS"
 
 
 @pytest.mark.parametrize("name", PROFILES)

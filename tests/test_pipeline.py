@@ -25,11 +25,20 @@ TABLE_OPS = {
     "alibi": {"Abs": 1},
     "hybrid": {"Sin": 1, "Cos": 1, "Log": 1},
     "none": {},
+    # grid encodings (graphs/vision/): their tables once per graph; learned_2d's positions
+    # matter only through the grid's shape, so no CumSum of them is left after simplify
+    "rope_2d": {"Sin": 1, "Cos": 1, "CumSum": 2},
+    "rope_mixed": {"Sin": 1, "Cos": 1, "CumSum": 2},
+    "mrope": {"Sin": 1, "Cos": 1, "CumSum": 3},
+    "sincos_2d": {"Sin": 2, "Cos": 2, "CumSum": 2},
+    "learned_2d": {"Resize": 1, "CumSum": 0},
+    "rel_bias_2d": {"Clip": 2, "CumSum": 2},
 }
 
 
 def test_every_encoding_has_a_shipped_graph_and_structure_expectations():
-    shipped = {load_graph(name).encoding for name in [*GRAPHS, *BASELINES]}
+    from portable_pe.spec.graphs import VISION_GRAPHS
+    shipped = {load_graph(name).encoding for name in [*GRAPHS, *BASELINES, *VISION_GRAPHS]}
     assert set(ENCODINGS) <= shipped, f"encodings without a shipped graph: {set(ENCODINGS) - shipped}"
     assert set(ENCODINGS) == set(TABLE_OPS), "every encoding needs a TABLE_OPS entry in this test"
 

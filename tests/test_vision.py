@@ -179,7 +179,12 @@ def test_a_grid_encoding_on_a_sequence_graph_is_refused_naming_the_axes(tmp_path
 
 
 # ----------------------------------------------------------------------- compiled artifacts
-@pytest.mark.parametrize("spec", VISION_SPECS, ids=lambda p: p.stem)
+def _encoding_of(spec: Path) -> str:
+    import tomllib
+    return tomllib.loads(spec.read_text())["encoding"]["name"]
+
+
+@pytest.mark.parametrize("spec", VISION_SPECS, ids=_encoding_of)
 def test_every_vision_graph_compiles_once_and_matches_pytorch_at_three_sizes(spec, bundle_factory):
     """One llvm build with symbolic image dims, checked against PyTorch (the parity harness)
     at three sizes none of which is the export example's (a non-square one among them)."""
@@ -193,6 +198,30 @@ def test_every_vision_graph_compiles_once_and_matches_pytorch_at_three_sizes(spe
     report = check_bundle(bundle, sizes=sizes)
     assert report.ok and len({r.length for r in report.rows}) == 3, report.to_markdown()
     assert {r.candidate for r in report.rows} == {"onnxruntime", "tvm"}
+
+
+@pytest.mark.parametrize("spec", VISION_SPECS, ids=_encoding_of)
+def test_simplified_vision_graphs_keep_one_table_and_one_stem(spec, bundle_factory):
+    """The patch stem is one Conv and the encoding's tables are computed once (TABLE_OPS,
+    test_pipeline.py), not per layer; the input's pixel dims stay symbolic."""
+    import onnx
+    from portable_pe.compile.simplify import op_counts
+    from test_pipeline import TABLE_OPS
+    bundle = bundle_factory(spec)
+    model = onnx.load(str(bundle.file("model.onnx")))
+    ops = op_counts(model)
+    assert ops["Conv"] == 1
+    for op, count in TABLE_OPS[_encoding_of(spec)].items():
+        assert ops.get(op, 0) == count, f"{op}: {ops.get(op, 0)} != {count} ({ops})"
+    (pixels,) = [[d.dim_param or d.dim_value for d in vi.type.tensor_type.shape.dim] for vi in model.graph.input]
+    assert pixels == ["batch", 3, *(["frames"] if "video" in spec.stem else []), "height", "width"]
+
+
+def test_the_npu_target_says_it_does_not_build_vision_graphs_yet(tmp_path):
+    from portable_pe.compile.pipeline import compile_graph
+    with pytest.raises(ValueError, match="the npu target does not build vision graphs yet"):
+        compile_graph(str(DATA / "tiny_vit_rope_2d.toml"), target="npu", out=tmp_path / "b", log=lambda m: None)
+    assert not (tmp_path / "b").exists()
 
 
 def test_a_vision_bundle_refuses_an_image_that_is_not_whole_patches(bundle_factory):

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -53,46 +54,66 @@ class Bundle:
         return self.manifest["target"]["name"]
 
 
-def write_bundle(dest: Path, files: dict[str, Path | bytes], manifest: dict, *,
-                 replace_any: bool = False) -> Bundle:
-    """Write into a temporary sibling folder, then rename into place.
+@dataclass(frozen=True)
+class BundleWriter:
+    """A resolved bundle destination whose write lock is held (bundle_writer)."""
+    dest: Path
 
-    A failure or a signal at any point leaves `dest` as it was (absent, or the previous
-    good bundle). `dest` may be an existing bundle or a new path (anything else only with
-    `replace_any`, see out_paths); one process at a time writes it (bundle_lock).
-    """
+    def write(self, files: dict[str, Path | bytes], manifest: dict) -> Bundle:
+        return _write(self.dest, files, manifest)
+
+
+@contextlib.contextmanager
+def bundle_writer(dest: str | Path, *, replace_any: bool = False):
+    """The one place a bundle's destination is resolved and its lock taken, held from the
+    start of a compile to its end, so a second writer of the same bundle fails at once,
+    not after its compile. `dest` may be an existing bundle or a new path (anything else
+    only with `replace_any`, see paths.bundle_destination)."""
     dest = bundle_destination(dest, force=replace_any)
     with bundle_lock(dest):
-        _recover_leftovers(dest)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.parent / f".{dest.name}.partial-{os.getpid()}"
-        old = dest.parent / f".{dest.name}.old-{os.getpid()}"
-        tmp.mkdir()
-        try:
-            for name, content in files.items():
-                (tmp / name).parent.mkdir(parents=True, exist_ok=True)  # e.g. rknn/model.rknn
-                with naming(dest / name):  # a full disk: say which file of the bundle
-                    if isinstance(content, bytes):
-                        (tmp / name).write_bytes(content)
-                    else:
-                        shutil.copyfile(content, tmp / name)
-            manifest = {**manifest, "format_version": FORMAT_VERSION,
-                        "files": {name: sha256_file(tmp / name) for name in sorted(files)}}
-            validate_manifest(manifest, where=f"{dest / MANIFEST} (being written)")
-            with naming(dest / MANIFEST):
-                (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-            with deferred():
-                if dest.exists():
-                    dest.rename(old)
-                tmp.rename(dest)
-        except BaseException:
-            with deferred():
-                _remove(tmp)
-                if old.exists() and not dest.exists():
-                    old.rename(dest)
-            raise
+        yield BundleWriter(dest)
+
+
+def write_bundle(dest: Path, files: dict[str, Path | bytes], manifest: dict, *,
+                 replace_any: bool = False) -> Bundle:
+    """Write a bundle in one go (bundle_writer for a caller that holds the lock longer)."""
+    with bundle_writer(dest, replace_any=replace_any) as writer:
+        return writer.write(files, manifest)
+
+
+def _write(dest: Path, files: dict[str, Path | bytes], manifest: dict) -> Bundle:
+    """Write into a temporary sibling folder, then rename into place. A failure or a signal
+    at any point leaves `dest` as it was (absent, or the previous good bundle)."""
+    _recover_leftovers(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.parent / f".{dest.name}.partial-{os.getpid()}"
+    old = dest.parent / f".{dest.name}.old-{os.getpid()}"
+    tmp.mkdir()
+    try:
+        for name, content in files.items():
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)  # e.g. rknn/model.rknn
+            with naming(dest / name):  # a full disk: say which file of the bundle
+                if isinstance(content, bytes):
+                    (tmp / name).write_bytes(content)
+                else:
+                    shutil.copyfile(content, tmp / name)
+        manifest = {**manifest, "format_version": FORMAT_VERSION,
+                    "files": {name: sha256_file(tmp / name) for name in sorted(files)}}
+        validate_manifest(manifest, where=f"{dest / MANIFEST} (being written)")
+        with naming(dest / MANIFEST):
+            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
         with deferred():
-            _remove(old)
+            if dest.exists():
+                dest.rename(old)
+            tmp.rename(dest)
+    except BaseException:
+        with deferred():
+            _remove(tmp)
+            if old.exists() and not dest.exists():
+                old.rename(dest)
+        raise
+    with deferred():
+        _remove(old)
     return Bundle(dest, manifest)
 
 

@@ -15,9 +15,6 @@ import os
 import tempfile
 from pathlib import Path
 
-_held: dict[Path, int] = {}  # lock file -> nesting depth in this process
-
-
 class BundleBusy(RuntimeError):
     """Another process is writing the same bundle."""
 
@@ -30,21 +27,13 @@ def _lock_file(dest: Path) -> Path:
 
 @contextlib.contextmanager
 def bundle_lock(dest: Path):
-    """Hold the write lock of bundle folder `dest` (resolved); re-entrant in one process."""
+    """Hold the write lock of bundle folder `dest` (resolved). Taken once per write, by
+    artifact.bundle_writer: a second holder, in this process or another, fails at once."""
     lock = _lock_file(Path(dest).resolve())
-    if lock in _held:
-        _held[lock] += 1
-        try:
-            yield
-        finally:
-            _held[lock] -= 1
-        return
     fd = _acquire(lock, dest)
-    _held[lock] = 1
     try:
         yield
     finally:
-        del _held[lock]
         lock.unlink(missing_ok=True)
         os.close(fd)
 

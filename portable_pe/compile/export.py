@@ -75,6 +75,10 @@ def export_onnx(spec: GraphSpec, *, opset: int = EXPORT_OPSET, exporter: str = D
                     spec.name, str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__)
         if proto is None:
             proto = _export_dynamo(spec, model, opset)
+    if spec.vision is not None:  # (batch, tokens, d_model): the exporters leave the last dim a name too
+        dims = proto.graph.output[0].type.tensor_type.shape.dim
+        dims[2].Clear()
+        dims[2].dim_value = spec.model.d_model
     set_metadata(proto, {"graph": spec.name, "encoding": spec.encoding, "spec": json.dumps(spec.to_dict())})
     return proto
 
@@ -120,7 +124,8 @@ def _export_dynamo(spec: GraphSpec, model, opset: int) -> onnx.ModelProto:
     program = torch.onnx.export(
         model, example_inputs(spec), dynamo=True, opset_version=opset,
         input_names=names, output_names=list(OUTPUT_NAMES),
-        dynamic_shapes={name: {axis: dims[role] for axis, role in axes.items()} for name, axes in io_axes.items()},
+        dynamic_shapes={name: {axis: dims[role] for axis, role in axes.items()} for name, axes in io_axes.items()
+                        if name in names},
         verbose=False)
     return program.model_proto
 

@@ -12,7 +12,7 @@ import onnx
 from .. import __version__
 from ..backends import get_backend
 from ..backends.targets import target_arch, target_json
-from ..bundle.artifact import Bundle, write_bundle
+from ..bundle.artifact import Bundle, BundleWriter
 from ..bundle.reference import write_cases
 from .export import get_metadata
 from .state import CompileState
@@ -49,7 +49,8 @@ def manifest_of(st: CompileState) -> dict:
     }
 
 
-def write_compiled_bundle(st: CompileState, dest: Path, *, replace_any: bool = False) -> Bundle:
+def write_compiled_bundle(st: CompileState, writer: BundleWriter) -> Bundle:
+    """The bundle, through the writer whose lock the compile holds (artifact.bundle_writer)."""
     npz, cases = write_cases(st.reference)
     manifest = manifest_of(st)
     manifest["reference"]["cases"] = cases
@@ -59,6 +60,6 @@ def write_compiled_bundle(st: CompileState, dest: Path, *, replace_any: bool = F
             get_backend(st.target.backend).export_library(st.executable, so, target_options=st.target_options)
         extra = {**st.files, **({"reference.onnx": st.reference_model.SerializeToString()}
                                 if st.reference_model is not None else {})}
-        return write_bundle(dest, {**extra, "model.so": so, "model.onnx": st.model.SerializeToString(),
-                                   "reference.npz": npz, "run_on_board.py": BOARD_RUNNER},
-                            json.loads(json.dumps(manifest, default=list)), replace_any=replace_any)
+        return writer.write({**extra, "model.so": so, "model.onnx": st.model.SerializeToString(),
+                             "reference.npz": npz, "run_on_board.py": BOARD_RUNNER},
+                            json.loads(json.dumps(manifest, default=list)))

@@ -18,9 +18,7 @@ from typing import Callable
 
 from ..backends import get_backend
 from ..backends.targets import TargetSpec, load_target
-from ..bundle.artifact import Bundle
-from ..bundle.lock import bundle_lock
-from ..bundle.paths import bundle_destination
+from ..bundle.artifact import Bundle, bundle_writer
 from ..interrupts import raise_if_interrupted
 from ..npu.toolchain import VendorError
 from ..spec.graphs import GraphSpec
@@ -67,16 +65,15 @@ def compile_graph(source: str | GraphSpec, *, target: str = "llvm", out: str | P
     stem = source.name if isinstance(source, GraphSpec) else (
         Path(source).stem if Path(source).suffix in (".onnx", ".toml") else source)
     suffix = "" if precision == default_precision else f"-{precision}"
-    dest = bundle_destination(Path("dist") / f"{stem}-{target}{suffix}" if out is None else out, force=force)
-    inter = Intermediates(dest, force=force) if keep_intermediates else None
     request = CompileRequest(source=source, target=spec, target_options=dict(target_options or {}),
                              shapes=dict(shapes or {}), precision=precision, exporter=exporter,
                              use_tuning=tuning, pe_tables=pe_tables)
-    st = CompileState(request, log=log, intermediates=inter)
-    with bundle_lock(dest):
+    with bundle_writer(Path("dist") / f"{stem}-{target}{suffix}" if out is None else out, replace_any=force) as writer:
+        inter = Intermediates(writer.dest, force=force) if keep_intermediates else None
+        st = CompileState(request, log=log, intermediates=inter)
         try:
             run_stages(st, STAGES)
-            bundle = write_compiled_bundle(st, dest, replace_any=force)
+            bundle = write_compiled_bundle(st, writer)
         finally:
             published = inter.publish() if inter else None
             if published:

@@ -34,7 +34,7 @@ Nothing is fixed to a size: batch and sequence axes stay dynamic.
 
 Modules
 -------
-``shapes``    ``SHAPE_RULES``: symbolic output shapes per op
+``shapes``    ``SHAPE_RULES``: symbolic output shapes per op (``shapes_spatial``: Conv, pools, Resize)
 ``dim_algebra`` equality, broadcasting and axes of symbolic dims
 ``symbolic``  ``_Sym``: shapes of every tensor, values of the small integer ones
 ``dimexpr``   ``DimEmitter``: a dim expression as importer-friendly ONNX nodes

@@ -34,9 +34,10 @@ DYNAMIC_AXES = {X: {0: BATCH, 1: SEQ}, POSITIONS: {0: SEQ}}
 
 
 def vision_axes(spec) -> dict[str, dict[int, str]]:
-    """DYNAMIC_AXES of a vision spec's export: the batch and each pixel axis."""
+    """DYNAMIC_AXES of a vision spec's export: the batch and each pixel axis, and the
+    output's token count (prefix + patches)."""
     roles = PIXEL_ROLES if spec.vision.video else PIXEL_ROLES[1:]
-    return {PIXELS: {0: BATCH, **{2 + i: role for i, role in enumerate(roles)}}}
+    return {PIXELS: {0: BATCH, **{2 + i: role for i, role in enumerate(roles)}}, HIDDEN: {0: BATCH, 1: "tokens"}}
 
 
 def pixel_bounds(spec) -> dict[str, dict]:
