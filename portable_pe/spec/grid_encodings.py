@@ -29,6 +29,12 @@ def _flat(positions: torch.Tensor) -> torch.Tensor:
     return positions.flatten(0, -2)  # (*grid, A) -> (N, A)
 
 
+def _frequencies(n: int, base: float) -> torch.Tensor:
+    """base^(-i / n) for i < n, computed in float64: the per-axis frequencies of the 2D
+    encodings (RoPE's theta over one axis's pairs, sin/cos's omega over its channels)."""
+    return (base ** (-torch.arange(n, dtype=torch.float64) / n)).float()
+
+
 def _rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate pairs (x_i, x_{i+d/2}) by the angles whose cos/sin are given, (..., N, d/2)."""
     h = x.shape[-1] // 2
@@ -49,9 +55,7 @@ class AxialRope2d(PositionEncoding):
         if head_dim % 4:
             raise ValueError(f"rope_2d splits the head dim into row and column pairs: it must be a multiple of 4, "
                              f"got {head_dim}")
-        quarter = head_dim // 4
-        theta = base ** (-torch.arange(quarter, dtype=torch.float64) / quarter)
-        self.register_buffer("theta", theta.float(), persistent=False)  # (Dh/4,)
+        self.register_buffer("theta", _frequencies(head_dim // 4, base), persistent=False)  # (Dh/4,)
 
     def angles(self, positions):
         p = _flat(positions).to(torch.float32)  # (N, 2)
@@ -75,10 +79,9 @@ class RopeMixed(PositionEncoding):
         super().__init__()
         if head_dim % 2:
             raise ValueError(f"rope_mixed rotates pairs: the head dim must be even, got {head_dim}")
-        half = head_dim // 2
-        magnitude = base ** (-torch.arange(half, dtype=torch.float64) / half)  # (Dh/2,)
-        turn = torch.rand(n_heads, 1, dtype=torch.float64) * 2 * math.pi  # (H, 1)
-        self.freqs = nn.Parameter(torch.stack([magnitude * turn.cos(), magnitude * turn.sin()]).float())  # (2, H, Dh/2)
+        magnitude = _frequencies(head_dim // 2, base)  # (Dh/2,)
+        turn = torch.rand(n_heads, 1) * 2 * math.pi  # (H, 1)
+        self.freqs = nn.Parameter(torch.stack([magnitude * turn.cos(), magnitude * turn.sin()]))  # (2, H, Dh/2)
 
     def angles(self, positions):
         p = _flat(positions).to(torch.float32)  # (N, 2)
@@ -144,9 +147,7 @@ class Sinusoidal2d(PositionEncoding):
         if d_model % 4:
             raise ValueError(f"sincos_2d gives each axis half the channels as sin/cos pairs: d_model must be a "
                              f"multiple of 4, got {d_model}")
-        quarter = d_model // 4
-        omega = base ** (-torch.arange(quarter, dtype=torch.float64) / quarter)
-        self.register_buffer("omega", omega.float(), persistent=False)  # (D/4,)
+        self.register_buffer("omega", _frequencies(d_model // 4, base), persistent=False)  # (D/4,)
 
     def table(self, positions):
         p = _flat(positions).to(torch.float32)  # (N, 2)
