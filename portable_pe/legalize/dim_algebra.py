@@ -46,3 +46,16 @@ def _ax(a, rank):
 
 def _vals(v):
     return None if v is None else [e for e in np.asarray(v, dtype=object).ravel()]
+
+
+def rule_registry():
+    """(a table op_type -> shape rule, the decorator that fills it: @rule("Conv", ...))."""
+    table: dict = {}
+
+    def rule(*ops):
+        def register(fn):
+            for op in ops:
+                table[op] = fn
+            return fn
+        return register
+    return table, rule

@@ -14,21 +14,12 @@ from __future__ import annotations
 
 import sympy
 
-from .dim_algebra import _ax, _n, _vals, broadcast
+from .dim_algebra import _ax, _n, _vals, broadcast, rule_registry
 from .shapes_spatial import SPATIAL_RULES
 
 INT_BIG = 2**31 - 1  # Slice ends at or past this mean "to the end"
 
-SHAPE_RULES: dict = {}
-
-
-def _rule(*ops):
-    def register(fn):
-        for op in ops:
-            SHAPE_RULES[op] = fn
-        return fn
-
-    return register
+SHAPE_RULES, _rule = rule_registry()
 
 
 # --------------------------------------------------------------------------- #

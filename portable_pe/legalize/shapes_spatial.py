@@ -6,17 +6,9 @@ from __future__ import annotations
 
 import sympy
 
-from .dim_algebra import _vals
+from .dim_algebra import _vals, rule_registry
 
-SPATIAL_RULES: dict = {}
-
-
-def _rule(*ops):
-    def register(fn):
-        for op in ops:
-            SPATIAL_RULES[op] = fn
-        return fn
-    return register
+SPATIAL_RULES, _rule = rule_registry()
 
 
 @_rule("Conv", "MaxPool", "AveragePool", "LpPool")
