@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import onnx
@@ -124,13 +125,12 @@ def stage_legalize(st: CompileState) -> Added:
     done = backend.legalize_onnx(model, _with(st, model=model, io=io))
     model = done.model or model
     st.dump("03-legalized.onnx", model.SerializeToString())
-    return Added(**{**done.__dict__, "model": model, "io": done.io or io})
+    return replace(done, model=model, io=done.io or io)
 
 
 def _with(st: CompileState, **products) -> CompileState:
     """A copy of the state with some products replaced: what a backend hook called inside
     a stage reads, before the stage's own result is applied."""
-    from dataclasses import replace
     return replace(st, **products)
 
 
