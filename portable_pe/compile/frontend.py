@@ -54,3 +54,31 @@ def fix_input_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> No
         for dim, size in zip(shape.dim, dims):
             dim.Clear()
             dim.dim_value = size
+
+
+def name_dim_expressions(model: onnx.ModelProto) -> dict[str, str]:
+    """Input dims that torch.export named by an expression ("8*h": a multiple of the patch)
+    renamed to identifiers ("h_x8"), everywhere the graph writes them. TVM's importer turns
+    such a name into the expression itself, a shape it can match an input against but not
+    solve ("PrimExpr T.int64(8) * h is not computed" when the VM binds the input).
+    Returns {old: new}."""
+    renamed = {}
+    for vi in model.graph.input:
+        for dim in vi.type.tensor_type.shape.dim:
+            if dim.HasField("dim_param") and not dim.dim_param.isidentifier():
+                renamed.setdefault(dim.dim_param, _identifier(dim.dim_param))
+    if not renamed:
+        return renamed
+    for vi in [*model.graph.input, *model.graph.output, *model.graph.value_info]:
+        for dim in vi.type.tensor_type.shape.dim:
+            if dim.HasField("dim_param") and dim.dim_param in renamed:
+                dim.dim_param = renamed[dim.dim_param]
+    return renamed
+
+
+def _identifier(expr: str) -> str:
+    import re
+    multiple = re.fullmatch(r"\s*(\d+)\s*\*\s*([A-Za-z_]\w*)\s*", expr)
+    if multiple:
+        return f"{multiple[2]}_x{multiple[1]}"
+    return "dim_" + re.sub(r"\W+", "_", expr).strip("_")

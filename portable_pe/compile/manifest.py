@@ -37,7 +37,8 @@ def manifest_of(st: CompileState) -> dict:
         "reference": {"source": "torch" if st.spec else "onnxruntime",
                       **({"model": "reference.onnx"} if st.reference_model is not None else {}),
                       "lengths": sorted(case.length for case in st.reference if case.sizes is None),
-                      **({"sizes": [case.sizes for case in st.reference if case.sizes]} if st.spec and st.spec.vision else {})},
+                      **({"sizes": [case.sizes for case in st.reference if case.sizes]}
+                         if any(case.sizes for case in st.reference) else {})},
         # resolved per output dtype, so the bundle's runner can check itself without us
         "tolerance": bundle_tolerance(st.report, {o["dtype"] for o in st.io["outputs"]}, st.target.tolerance),
         "versions": {"portable_pe": __version__, "torch": torch.__version__.split("+")[0],

@@ -20,7 +20,7 @@ from ..spec.io_names import describe_io, dim_roles
 from ..spec.schema import NAME
 from ..user_files import load_onnx_file
 from .export import export_onnx_cached, get_metadata
-from .frontend import fix_input_shapes
+from .frontend import fix_input_shapes, name_dim_expressions
 from .state import Added, CompileState
 
 
@@ -65,6 +65,8 @@ def stage_load(st: CompileState) -> Added:
         spec = load_graph(source)
         return Added(spec=spec, name=spec.name)
     model = load_onnx_file(path)
+    for old, new in name_dim_expressions(model).items():
+        st.log(f"  input dim {old!r} is named {new!r} here (an identifier, as TVM's import needs)")
     # the name becomes part of paths (tuning databases): a foreign file's metadata must not steer them
     named = get_metadata(model).get("graph")
     if st.request.shapes:
@@ -84,7 +86,10 @@ def stage_export(st: CompileState) -> Added | None:
 
 def stage_simplify(st: CompileState) -> Added:
     from .simplify import simplify_onnx
+    from .size_probe import probe_pixel_sizes
     io = describe_io(st.model, st.spec)
+    if st.spec is None:  # a foreign export's symbolic image dims, tried before they are trusted
+        io = probe_pixel_sizes(st.model, io, log=st.log)
     batch = 2 if st.spec else 1
     if pixel_roles(io):  # image sizes in whole patches, not sequence lengths
         checks = [make_inputs(io["inputs"], sizes=s, batch=batch, dim_roles=dim_roles(io)) for s in default_sizes(io)[:2]]
@@ -117,7 +122,8 @@ def stage_legalize(st: CompileState) -> Added:
     if st.spec is None or st.spec.vision is not None:  # a vision graph's pixel dims: through its patch stem
         from ..legalize import dim_bounds, legalize
         from ..spec.dims import apply_dim_bounds
-        model = legalize(model)
+        multiples = {d: info["multiple"] for d, info in io["dims"].items() if info.get("multiple", 1) > 1}
+        model = legalize(model, multiples=multiples)
         io = json.loads(json.dumps(io))  # a copy: the bounds narrow it
         for said in apply_dim_bounds(io, dim_bounds(model)):  # the graph runs only up to them
             st.log(f"  legalize: {said}")

@@ -61,12 +61,15 @@ __all__ = ["legalize", "blocking_nodes", "dim_bounds"]
 
 
 def legalize(
-    model: onnx.ModelProto, *, input_shapes: dict[str, list[int | str]] | None = None
+    model: onnx.ModelProto, *, input_shapes: dict[str, list[int | str]] | None = None,
+    multiples: dict[str, int] | None = None,
 ) -> onnx.ModelProto:
     """Rewrite ``model`` (a copy) so that TVM's Relax ONNX importer can follow its shapes.
 
     ``input_shapes`` optionally overrides graph input dims: ints fix a dim, strings
     name a symbolic dim (the same name in two inputs means the same size).
+    ``multiples`` ({dim: m}): dims known to be multiples of m (an image side in whole
+    patches), which decides shape arithmetic the dim alone leaves open (a window's padding).
     Dynamic dims stay dynamic.
     """
     model = copy.deepcopy(model)
@@ -84,7 +87,7 @@ def legalize(
     bounds: dict = {}  # linear form of dims -> the largest value the graph runs at
     for _ in range(8):
         inferred = _infer(model)
-        sym = _Sym(inferred.graph)
+        sym = _Sym(inferred.graph, multiples)
         sym.run()
         for s, top in sym.bounds.items():  # once rewritten, the graph no longer shows them
             bounds[s] = min(top, bounds.get(s, top))

@@ -19,6 +19,8 @@ standard ONNX, so onnxruntime runs the rewritten graph as it ran the original.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
 import sympy
@@ -34,7 +36,8 @@ class DimEmitter:
     """Writes dim programs into ``rw.prefix`` (they depend on graph inputs only).
 
     ``rw`` supplies ``fresh(base)``, ``const(array)``, ``prefix`` (a node list),
-    ``cache`` (a dict) and ``sym.src`` (symbol -> (input name, axis)).
+    ``cache`` (a dict), ``sym.src`` (symbol -> (input name, axis)) and ``sym.quotients``
+    (q -> dim / m: a dim known to be m * q is written in the dim itself, dim / m exact).
     """
 
     def __init__(self, rw):
@@ -50,14 +53,41 @@ class DimEmitter:
             self.rw.cache[key] = name
         return name
 
-    def expressible(self, e) -> bool:
+    def _in_dims(self, e):
+        """e with each quotient symbol q (a dim known to be m * q) written back in the dim, as
+        the floors TVM's own shape rules write: c * q becomes c/g * floor(H / (m/g)) with g =
+        gcd(c, m), so 4 * q (m = 16) is floor(H / 4) and q_h * q_w is floor(H / 8) * floor(W / 8),
+        the dims a conv with stride 4 or 8 gives; H * W // 64 would be the same number in a
+        form TVM cannot match with them."""
         e = sympy.sympify(e)
+        quotients = self.rw.sym.quotients
+        if not (quotients and e.free_symbols & set(quotients)):
+            return e
+        terms = []
+        for term in sympy.Add.make_args(sympy.expand(e)):
+            coeff, rest = term.as_coeff_Mul()
+            factors = []
+            for factor in sympy.Mul.make_args(rest):
+                base, power = factor.as_base_exp()
+                if base not in quotients or not (power.is_Integer and int(power) > 0):
+                    factors.append(factor)
+                    continue
+                dim, m = quotients[base]
+                for _ in range(int(power)):
+                    g = math.gcd(int(coeff), m) if coeff.is_Integer and coeff != 0 else 1
+                    coeff = coeff / g
+                    factors.append(sympy.floor(dim / (m // g)))
+            terms.append(coeff * sympy.Mul(*factors))
+        return sympy.Add(*terms)
+
+    def expressible(self, e) -> bool:
+        e = self._in_dims(e)
         return all(s in self.rw.sym.src for s in e.free_symbols)
 
     # ------------------------------------------------------------------ scalars
     def scalar(self, e) -> str:
         """A 0-d int64 tensor holding e (the importer sees a PrimValue)."""
-        e = sympy.sympify(e)
+        e = self._in_dims(e)
         key = ("scalar", e)
         if key in self.rw.cache:
             return self.rw.cache[key]
@@ -114,7 +144,7 @@ class DimEmitter:
     # ------------------------------------------------------------------ shapes
     def vector(self, dims) -> str:
         """A 1-D int64 tensor [len(dims)]; the importer sees a ShapeExpr of these dims."""
-        dims = [sympy.sympify(d) for d in dims]
+        dims = [self._in_dims(d) for d in dims]
         key = ("vector", tuple(dims))
         if key in self.rw.cache:
             return self.rw.cache[key]
@@ -143,6 +173,12 @@ class DimEmitter:
             src, axis = self.rw.sym.src[d]
             return self._node("Shape", [src], key=("dim", src, axis), start=axis, end=axis + 1)
         return self._node("Unsqueeze", [self.scalar(d), self.rw.const(np.array([0], np.int64))])
+
+    def unsimplified(self, value, total) -> str:
+        """[value] as the one-dim ShapeExpr ``total - (total - value)``: the same number, in a
+        form TVM's importer keeps symbolic (a slice bound it then takes as in range)."""
+        diff = self._node("Sub", [self.scalar(total), self.scalar(sympy.expand(total - value))])
+        return self._node("Unsqueeze", [diff, self.rw.const(np.array([0], np.int64))])
 
     # ------------------------------------------------------------------ tensors
     def tensor(self, values: np.ndarray, elem: int) -> str:

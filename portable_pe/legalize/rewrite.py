@@ -137,6 +137,12 @@ class _Rewriter:
             padded = self.rewrite_pad(node)
             if padded is not None:
                 return padded
+        if node.op_type == "If":
+            return self.inline_if(node)
+        if node.op_type == "Split":
+            sliced = self.rewrite_split(node)
+            if sliced is not None:
+                return sliced
         if all(o in self.sym.val for o in node.output if o):
             return None  # inside a shape computation: its consumers are rewritten instead
         clamped = self.clamp_slice_ends(node) if node.op_type == "Slice" else None
@@ -263,6 +269,46 @@ class _Rewriter:
             helper.make_node("Add", [csum, base], [out], name=node.name or out),
         ]
 
+    def inline_if(self, node):
+        """An If whose condition the dims decide, as the nodes of the branch taken: TVM's
+        importer cannot follow shapes into a branch, and onnxsim's folding of such an If
+        (DINOv3's rope in a TorchScript export: a test of a tensor's rank) can fail."""
+        cond = self.sym.val.get(node.input[0])
+        if cond is None or cond.size != 1 or not sympy.sympify(cond.ravel()[0]).is_number:
+            return None
+        branch = next(helper.get_attribute_value(a) for a in node.attribute
+                      if a.name == ("then_branch" if bool(cond.ravel()[0]) else "else_branch"))
+        self.inits.extend(branch.initializer)
+        nodes = [copy.deepcopy(n) for n in branch.node]
+        for inner, outer in zip(branch.output, node.output):
+            nodes.append(helper.make_node("Identity", [inner.name], [outer], name=self.fresh("if_out")))
+        return nodes
+
+    def rewrite_split(self, node):
+        """Split by symbolic sizes as one Slice per piece: TVM's Split takes constant sizes
+        only, and its importer refuses a ShapeExpr there ("cannot handle ShapeExpr inputs");
+        a Slice takes one. (A vision tower splits its tokens into prefix and patches, the
+        patches h * w of them.)"""
+        sizes = self.sym.val.get(node.input[1]) if len(node.input) > 1 and node.input[1] else None
+        if sizes is None or all(e.is_number for e in sizes.ravel()) or not all(self.sym.followed(e) for e in sizes.ravel()):
+            return None
+        axis = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 0)
+        shape = self.sym.shape.get(node.input[0])
+        total = shape[axis] if shape is not None else None
+        if total is None or not self.sym.followed(total):
+            return None
+        nodes, start = [], sympy.Integer(0)
+        for size, out in zip(sizes.ravel(), node.output):
+            end = sympy.expand(start + size)
+            if out:
+                # a constant end on a symbolic axis: TVM's Slice would write the piece as
+                # min(end, total), which no later broadcast matches; total - (total - end) is
+                # the same number in a form it keeps, and then takes as in range
+                ends = self.dims.unsimplified(end, total) if end.is_number else self.dims.vector([end])
+                nodes.append(helper.make_node("Slice", [node.input[0], self.dims.vector([start]), ends,
+                                                        self.const(np.array([axis], np.int64))], [out], name=out))
+            start = end
+        return nodes
 
     def rewrite_pad(self, node):
         """Constant Pad by symbolic amounts as Concat with ConstantOfShape blocks: TVM's

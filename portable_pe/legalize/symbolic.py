@@ -3,6 +3,11 @@
 ``_Sym`` evaluates every small tensor value with sympy, the dims of the graph
 inputs as integer symbols (``dims``: positive, a KV cache's past length nonnegative),
 and records which input axis each symbol comes from.
+
+A dim known to be a multiple of m (an image side in whole patches: ``multiples``) is
+written ``m * q`` with q a positive integer symbol (``src[q]`` names the divisor), so
+that sympy decides what the multiple implies: Swin's window padding
+``(2 - (H // 4) % 2) % 2`` is 0 when H is a multiple of 16, and the Pad disappears.
 """
 
 from __future__ import annotations
@@ -17,6 +22,16 @@ from .dims import _dims, _past_dims
 from .shapes import _BINARY, SHAPE_RULES
 
 _BROADCASTING = set(_BINARY)
+
+
+def _sign_test(test):
+    """A comparison of p - q with 0, decided only where the difference is a number (a rank
+    against a constant, as in the If a TorchScript export writes for a broadcast)."""
+    return lambda d: bool(test(d)) if sympy.sympify(d).is_number else None
+
+
+_COMPARISONS = {"Equal": None, "Greater": _sign_test(lambda d: d > 0), "Less": _sign_test(lambda d: d < 0),
+                "GreaterOrEqual": _sign_test(lambda d: d >= 0), "LessOrEqual": _sign_test(lambda d: d <= 0)}
 _MAX_ELEMS = 64  # only small tensors are evaluated symbolically
 
 
@@ -26,13 +41,15 @@ _MAX_ELEMS = 64  # only small tensors are evaluated symbolically
 class _Sym:
     """Symbolic evaluation state for one graph."""
 
-    def __init__(self, graph: onnx.GraphProto):
+    def __init__(self, graph: onnx.GraphProto, multiples: dict[str, int] | None = None):
         self.graph = graph
         self.val: dict[str, np.ndarray] = {}  # object arrays of sympy exprs
         self.isint: dict[str, bool] = {}
         self.shape: dict[str, list | None] = {}
         self.elem: dict[str, int] = {}
         self.src: dict[sympy.Symbol, tuple[str, int]] = {}  # symbol -> (graph input, axis)
+        # q -> (dim, m) for a dim written m * q (``multiples``); dim programs are written in the dim
+        self.quotients: dict[sympy.Symbol, tuple[sympy.Symbol, int]] = {}
         # a dim or a sum of dims -> the largest value the graph runs at (``bounds``)
         self.bounds: dict[sympy.Expr, int] = {}
 
@@ -49,6 +66,8 @@ class _Sym:
             for ax, d in enumerate(self.shape.get(vi.name) or []):
                 if isinstance(d, sympy.Symbol) and d not in self.src:
                     self.src[d] = (vi.name, ax)
+        for name, m in (multiples or {}).items():
+            self._as_multiple(sympy.Symbol(name, integer=True, positive=True), m)
         for init in graph.initializer:
             arr = numpy_helper.to_array(init)
             self.elem[init.name] = init.data_type
@@ -79,9 +98,19 @@ class _Sym:
             if self.bounds == known:
                 break
 
+    def _as_multiple(self, dim: sympy.Symbol, m: int) -> None:
+        """Write the input dim `dim` as m * q in every shape (see the module's docstring)."""
+        if dim not in self.src or m <= 1:
+            return
+        q = sympy.Symbol(f"{dim.name}_over_{m}", integer=True, positive=True)
+        self.quotients[q] = (dim, m)
+        for name, shape in self.shape.items():
+            if shape:
+                self.shape[name] = [d.subs(dim, m * q) if isinstance(d, sympy.Expr) else d for d in shape]
+
     def followed(self, dim) -> bool:
         """dim is an expression of the graph inputs' dims (not unknown, no placeholder)."""
-        return dim is not None and all(s in self.src for s in sympy.sympify(dim).free_symbols)
+        return dim is not None and all(s in self.src or s in self.quotients for s in sympy.sympify(dim).free_symbols)
 
     def _infer_shapes(self, node: onnx.NodeProto):
         """Output shapes from SHAPE_RULES, where they say more than ONNX's own inference."""
@@ -238,11 +267,11 @@ class _Sym:
                 "Sqrt": sympy.sqrt,
             }[op]
             out = _vmap(fn, v[0])
-        elif op == "Equal":
+        elif op in _COMPARISONS:
             x, y = np.broadcast_arrays(v[0], v[1])
             res = []
             for p, q in zip(x.ravel(), y.ravel()):
-                z = _is_zero(p - q)
+                z = _is_zero(p - q) if op == "Equal" else _COMPARISONS[op](p - q)
                 if z is None:
                     return
                 res.append(sympy.Integer(int(z)))

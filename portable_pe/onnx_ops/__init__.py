@@ -19,6 +19,7 @@ replaced outright (same op_type, no renaming).
     minmax.py      Max/Min of dim values (PrimValues) as one PrimValue
     div.py         a dim value over a positive constant as floordiv, as TVM's shape rules write it
     resize.py      Resize to symbolic sizes (a position table resized to the image's grid)
+    reshape.py     Reshape of a dim value (a vision tower's patch count) as a shape value
     canonical.py   every shape in TVM's canonical form once the import is done
     common.py      small Relax helpers the converters share
 """
@@ -40,6 +41,7 @@ from .clip import Clip
 from .div import Div
 from .gather import Gather
 from .minmax import Max, Min
+from .reshape import Reshape
 from .resize import Resize
 from .rotary import RotaryEmbedding
 
@@ -72,7 +74,7 @@ _OUR_OPS = {  # op_type -> (converter, lowest opset version, highest opset versi
 
 
 # TVM converters replaced while importing (same op_type, so no renaming)
-_REPLACED_OPS = {"Clip": Clip, "Div": Div, "Gather": Gather, "Max": Max, "Min": Min, "Resize": Resize}
+_REPLACED_OPS = {"Clip": Clip, "Div": Div, "Gather": Gather, "Max": Max, "Min": Min, "Reshape": Reshape, "Resize": Resize}
 
 
 def custom_converters() -> dict[str, type]:

@@ -81,6 +81,8 @@ def describe_io(model, spec) -> dict:
                 dims[d] = {"role": dim_role(axis, len(io["dims"])), "min": 1, "max": FOREIGN_DIM_MAX}
     for d in past_dims(inputs, outputs):  # a KV cache's past length: 0 at the prefill
         dims[d].update(min=0, past=True)
+    if spec is None:  # an image input's sizes: found by the Conv that takes it
+        dims.update(foreign_pixel_dims(model))
     if spec is not None:
         dims = {BATCH: {"role": BATCH, "min": 1, "max": spec.max_batch},
                 **(pixel_bounds(spec) if spec.vision is not None else {SEQ: {"role": SEQ, "min": 1, "max": spec.max_length}})}
@@ -92,6 +94,20 @@ def describe_io(model, spec) -> dict:
     if not dims:
         desc["static_length"] = next((d[1] for d in (i["dims"] for i in inputs) if len(d) >= 2), 0)
     return desc
+
+
+def foreign_pixel_dims(model) -> dict[str, dict]:
+    """The manifest's dims of a foreign graph's image axes (spec.pixel_inputs): at least the
+    patch stem's kernel, at most FOREIGN_PIXEL_MAX, a multiple of its stride."""
+    from .pixel_inputs import FOREIGN_PIXEL_MAX, pixel_axes
+    dims = {}
+    for name, axes in pixel_axes(model).items():
+        shape = next(vi.type.tensor_type.shape.dim for vi in model.graph.input if vi.name == name)
+        for axis, pixel in axes.items():
+            # one name on two axes (an export traced square-only): the first axis's role
+            dims.setdefault(shape[axis].dim_param or f"{name}_dim{axis}", {
+                "role": pixel.role, "min": pixel.least, "max": FOREIGN_PIXEL_MAX, "multiple": pixel.patch})
+    return dims
 
 
 def _value_info(vi) -> dict:

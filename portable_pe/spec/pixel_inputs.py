@@ -1,0 +1,82 @@
+"""A foreign graph's image (or video) input, found by what consumes it: a convolution.
+
+Our own vision specs name their pixel dims (io_names.pixel_bounds). A Hugging Face export
+names them however its exporter did ("H", "W"; torch.export's "8*h"), and the only thing
+that says they are image sizes is the graph: the input, after at most a few elementwise
+steps (a normalization, a cast), is the data operand of a Conv, and the Conv's stride is
+the patch every size must be a whole number of. Without this, every symbolic dim is a
+sequence length, and a 7-pixel "length" is what the simplify check fed a ViT.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx
+
+from .io_names import FRAMES, HEIGHT, WIDTH
+
+#: ops that keep a tensor's shape (and its meaning as pixels) between the input and the Conv
+_PASS_THROUGH = {"Cast", "Identity", "Add", "Sub", "Mul", "Div", "Clip", "Relu"}
+_MAX_STEPS = 4
+#: the largest foreign image side accepted (pixels)
+FOREIGN_PIXEL_MAX = 4096
+
+
+@dataclass(frozen=True)
+class PixelAxis:
+    role: str      # height, width or frames
+    patch: int     # the Conv's stride along the axis: sizes must be multiples of it
+    least: int     # the Conv's kernel along the axis: the smallest size it takes
+
+
+def pixel_axes(model: onnx.ModelProto) -> dict[str, dict[int, PixelAxis]]:
+    """{input name: {axis: PixelAxis}} for each float input of rank 4 (N, C, H, W) or 5
+    (N, C, T, H, W) whose spatial axes are symbolic and which reaches a Conv's data operand."""
+    inits = {i.name for i in model.graph.initializer}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    weights = {i.name: list(i.dims) for i in model.graph.initializer}
+    found = {}
+    for vi in model.graph.input:
+        if vi.name in inits or vi.type.tensor_type.elem_type not in _FLOATS:
+            continue
+        dims = vi.type.tensor_type.shape.dim
+        if len(dims) not in (4, 5) or all(d.HasField("dim_value") for d in dims[2:]):
+            continue
+        conv = _conv_of(vi.name, consumers)
+        if conv is None:
+            continue
+        strides, kernel = _conv_geometry(conv, weights, len(dims) - 2)
+        roles = (HEIGHT, WIDTH) if len(dims) == 4 else (FRAMES, HEIGHT, WIDTH)
+        found[vi.name] = {2 + i: PixelAxis(role, stride, k)
+                          for i, (role, stride, k) in enumerate(zip(roles, strides, kernel))
+                          if not dims[2 + i].HasField("dim_value")}
+    return found
+
+
+_FLOATS = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
+
+
+def _conv_of(name: str, consumers) -> onnx.NodeProto | None:
+    """The first Conv whose data operand `name` becomes through shape-keeping ops."""
+    frontier = [name]
+    for _ in range(_MAX_STEPS):
+        following = []
+        for tensor in frontier:
+            for node in consumers.get(tensor, []):
+                if node.op_type == "Conv" and node.input[0] == tensor:
+                    return node
+                if node.op_type in _PASS_THROUGH:
+                    following.extend(node.output)
+        frontier = following
+    return None
+
+
+def _conv_geometry(conv: onnx.NodeProto, weights: dict, spatial: int) -> tuple[list[int], list[int]]:
+    attrs = {a.name: list(a.ints) for a in conv.attribute if a.ints}
+    kernel = attrs.get("kernel_shape") or (weights.get(conv.input[1], [])[2:] or [1] * spatial)
+    strides = attrs.get("strides") or [1] * spatial
+    return strides, kernel

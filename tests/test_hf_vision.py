@@ -1,0 +1,86 @@
+"""Hugging Face vision encoders as foreign ONNX exports at dynamic image sizes:
+transformers' own classes (tiny configs of portable_pe.hf.vision, random weights, no
+download), exported in the test with H and W dynamic, compiled for llvm with no --shape,
+and one bundle run at image sizes the export never saw, against PyTorch.
+
+Where PyTorch's export specialized the graph to the traced size (torch.export's ViT: its
+position table stays at the traced grid), the compile must refuse it with the fix; the
+test checks with onnxruntime that the file itself is wrong at a second size, so the
+refusal is right and not our failure. Default run: ViT (TorchScript, its table resized in
+the graph), DINOv3 and Pixtral (torch.export, 2D RoPE), BEiT (TorchScript, 2D relative
+bias); the other models of the table with ``-m hf_full``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")
+
+from conftest import assert_parity  # noqa: E402
+from portable_pe.compile.pipeline import compile_graph  # noqa: E402
+from portable_pe.compile.simplify import ort_session  # noqa: E402
+from portable_pe.compile.size_probe import SpecializedExportError, probe_pixel_sizes  # noqa: E402
+from portable_pe.hf.vision import VISION_ARCHITECTURES, export_vision  # noqa: E402
+from portable_pe.run.local import LocalRunner  # noqa: E402
+from portable_pe.spec.io_names import describe_io  # noqa: E402
+
+UNSEEN = ((16, 24), (48, 64), (64, 40))  # the export traces at 32 x 32
+DEFAULT = [("vit", "torchscript"), ("dinov3", "dynamo"), ("pixtral", "dynamo"), ("beit", "torchscript")]
+FULL = [("siglip", "torchscript"), ("dinov2", "torchscript"), ("pixtral", "torchscript")]
+
+
+def _pixels(h: int, w: int) -> np.ndarray:
+    return np.random.default_rng(h * 1000 + w).standard_normal((1, 3, h, w)).astype(np.float32)
+
+
+def _torch(module, pixels: np.ndarray) -> np.ndarray:
+    import torch
+    with torch.no_grad():
+        return module(torch.from_numpy(pixels)).numpy()
+
+
+@pytest.mark.parametrize("arch,exporter", DEFAULT + [pytest.param(*c, marks=pytest.mark.hf_full) for c in FULL])
+def test_one_bundle_matches_pytorch_at_unseen_image_sizes(arch, exporter, tmp_path):
+    module, path = export_vision(arch, tmp_path / "model.onnx", exporter=exporter)
+    bundle = compile_graph(str(path), target="llvm", out=tmp_path / "bundle", log=lambda m: None)
+    dims = {info["role"]: info for info in bundle.manifest["dims"].values()}
+    patch = VISION_ARCHITECTURES[arch].patch
+    assert dims["height"]["multiple"] == dims["width"]["multiple"] == patch  # the stem's stride
+    runner = LocalRunner(bundle)
+    for h, w in UNSEEN:
+        x = _pixels(h, w)
+        got = next(iter(runner.run({"pixel_values": x}).values()))
+        assert got.shape[1] >= (h // patch) * (w // patch)  # the tokens follow the image
+        assert_parity(_torch(module, x), got, tolerance="float32_abs", name=f"{arch} {h}x{w}")
+
+
+def test_a_specialized_export_is_refused_with_the_fix(tmp_path):
+    """torch.export's ViT keeps H and W symbolic but its position table at the traced 4 x 4
+    grid: onnxruntime itself fails at 48 x 64, and the compile says why and what to do."""
+    _, path = export_vision("vit", tmp_path / "model.onnx", exporter="dynamo")
+    session = ort_session(str(path), quiet=True)
+    session.run(None, {"pixel_values": _pixels(32, 32)})  # the traced size runs
+    with pytest.raises(Exception, match="broadcast"):
+        session.run(None, {"pixel_values": _pixels(48, 64)})
+    with pytest.raises(SpecializedExportError) as err:
+        compile_graph(str(path), target="llvm", out=tmp_path / "bundle", log=lambda m: None)
+    text = str(err.value)
+    assert "specialized it to the size it traced" in text and "--shape pixel_values=1x3x" in text
+    assert "interpolate_pos_encoding" in text
+    assert not (tmp_path / "bundle").exists()  # nothing written
+
+
+def test_a_coarser_multiple_the_graph_needs_is_learned(tmp_path):
+    """torch.export's Swin drops the window padding it traced as zero, so only sizes whose
+    every stage is whole windows run: patch * window * 2 ** (stages - 1) pixels."""
+    import onnx
+    _, path = export_vision("swin", tmp_path / "model.onnx", exporter="dynamo")
+    model = onnx.load(str(path))
+    io = describe_io(model, None)
+    assert {i["multiple"] for i in io["dims"].values() if "multiple" in i} == {4}  # the conv's stride
+    probed = probe_pixel_sizes(model, io, log=lambda m: None)
+    options = VISION_ARCHITECTURES["swin"].options
+    need = options["patch_size"] * options["window_size"] * 2 ** (len(options["depths"]) - 1)
+    assert {i["multiple"] for i in probed["dims"].values() if "multiple" in i} == {need}
