@@ -209,6 +209,11 @@ for shape, words in (("nosuch=1x4", ("nosuch",)), ("x=1x4x4", ("rank",)), ("x=0x
                      ("x=1x2", ("axis 1",))):  # x is [1, 4]: the 2 silently overrode the graph's 4
     add("files", f"compile relu.onnx --shape {shape}", ["compile", "../relu.onnx", "--shape", shape, "--out", "r"], words,
         setup=lambda ws: onnx_graph(ws / "relu.onnx"))
+for relation, words in (("s53", ("--dim-relation", "expected DIM=DIM")), ("s=s+T", ("--dim-relation",)),
+                         ("s=past*T", ("--dim-relation",)), ("nosuch=seq+batch", ("nosuch", "symbolic dims"))):
+    add("files", f"compile dyn.onnx --dim-relation {relation}",
+        ["compile", "../dyn.onnx", "--dim-relation", relation, "--out", "r"], words,
+        setup=lambda ws: onnx_graph(ws / "dyn.onnx", inputs=(("x", ["batch", "seq", 4]),), out_shape=["batch", "seq", 4]))
 
 # ----------------------------------------------------------------------------- specs
 MODEL = {"d_model": 64, "n_heads": 4, "n_layers": 2, "d_ff": 128}

@@ -54,6 +54,8 @@ SCHEMA = {
     "value_limits?": _MapOf({"min": int, "max": int, "why?": str}),
     # a bound on a sum of dims ({"T": 1, "past": 1} <= max: MPT's ALiBi table with a KV cache)
     "dim_sums?": _ListOf({"dims": _MapOf(int), "max": int, "why?": str}),
+    # a dim the graph ties to others (an attention mask over past + T: spec/dims.py DimRelation)
+    "dim_relations?": _ListOf({"dim": str, "terms": _MapOf(int), "how": _Choice("learned", "stated")}),
     "static_length?": int,
     # reference.npz's records (bundle/reference.py): which array is which input or output
     "reference": {"source": _Choice("torch", "onnxruntime"), "lengths": _ListOf(int),
@@ -94,6 +96,9 @@ def validate_manifest(manifest, *, where: str) -> dict:
     for i, limit in enumerate(manifest.get("dim_sums", [])):
         if not set(limit["dims"]) <= set(dims):
             fail(f"`dim_sums[{i}].dims` names {sorted(set(limit['dims']) - set(dims))}, which `dims` does not define")
+    for i, rel in enumerate(manifest.get("dim_relations", [])):
+        if not {rel["dim"], *rel["terms"]} <= set(dims):
+            fail(f"`dim_relations[{i}]` names {sorted({rel['dim'], *rel['terms']} - set(dims))}, which `dims` does not define")
     for i, out in enumerate(manifest["outputs"]):
         if out["dtype"] not in manifest["tolerance"]:
             fail(f"`tolerance` has no entry for output {out['name']!r}'s dtype {out['dtype']}")

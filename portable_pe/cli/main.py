@@ -49,6 +49,7 @@ def cmd_compile(args) -> int:
           f"{' -> ' + str(args.out) if args.out is not None else ''}", flush=True)
     bundle = compile_graph(args.graph, target=args.target, out=args.out,
                            keep_intermediates=args.keep_intermediates, shapes=dict(args.shape or []),
+                           dim_relations=tuple(args.dim_relation or ()),
                            target_options=chosen_target_options(args), pe_tables=args.pe_tables, tuning=not args.no_tuning,
                            exporter=args.exporter, precision=args.precision, force=args.force, log=lambda m: print(m, flush=True))
     lengths = usable_lengths(bundle.manifest, args.lengths or DEFAULT_LENGTHS)
@@ -165,9 +166,13 @@ def cmd_run(args) -> int:
     out = output_file(args.out, kind="npz", option="--out", protect=(Path(args.inputs),))
     bundle = load_bundle(args.bundle)
     inputs = load_npz_inputs(args.inputs)
-    if args.past:
-        from ..run.kv_cache import past_inputs
-        inputs = {**past_inputs(bundle, args.past, batch=next(iter(inputs.values())).shape[0]), **inputs}
+    if args.past:  # a step of a KV-cache graph: the cache, and a mask over it and positions after it
+        from ..run.kv_cache import past_inputs, step_inputs
+        past = past_inputs(bundle, args.past, batch=next(iter(inputs.values())).shape[0])
+        if "input_ids" in inputs:
+            cached = next(iter(past.values())).shape[2] if past else 0
+            inputs = {**step_inputs(bundle.manifest, inputs["input_ids"], cached, given=inputs), **inputs}
+        inputs = {**past, **inputs}
     outputs = run_local(bundle, inputs)
     buf = io.BytesIO()
     np.savez(buf, **outputs)  # to a buffer: savez given a path would add ".npz" to it
@@ -194,6 +199,7 @@ def inspect_onnx(path: Path) -> int:
             print(f"  {kind:6} {vi.name}: {dtype}[{', '.join(map(str, dims))}]")
     print("  ops: " + ", ".join(f"{op} x{n}" for op, n in Counter(n.op_type for n in model.graph.node).most_common()))
     _print_shape_following(model)
+    _print_dim_relations(model)
     blocked = blocking_nodes(model)
     if not blocked:
         print("  import: every node has a converter (TVM's or portable-pe's)")
@@ -202,6 +208,25 @@ def inspect_onnx(path: Path) -> int:
     for b in blocked:
         print(f"    {b['node']}: {b['op']} ({b['domain'] or 'ai.onnx'} opset {b['opset']}): {b['reason']}")
     return 1
+
+
+def _print_dim_relations(model) -> None:
+    """How the input dims are tied, as the compile will learn it (onnxruntime runs the graph)."""
+    from ..compile.relation_probe import DimRelationError, learn_relations
+    from ..spec.io_names import describe_io
+    said = []
+    try:
+        io = learn_relations(model, describe_io(model, None), log=said.append)
+    except DimRelationError as err:
+        print(f"  dims: not related: {err}")
+        return
+    except Exception as err:  # pylint: disable=broad-except  # a graph onnxruntime cannot load: said elsewhere
+        print(f"  dims: not tried ({' '.join(str(err).split())[:160]})")
+        return
+    for line in said:  # each relation learned, or the dims kept at one length, with why
+        print(f"  {line.strip()}")
+    if not said:
+        print(f"  dims: independent ({', '.join(io['dims']) or 'none symbolic'})")
 
 
 def _print_shape_following(model) -> None:

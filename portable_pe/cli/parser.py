@@ -90,6 +90,14 @@ def _shape(text: str) -> tuple[str, list[int]]:
     return name, sizes
 
 
+def _dim_relation(text: str):
+    from ..spec.dims import DimRelation
+    try:
+        return DimRelation.parse(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def target_options(command: str) -> dict[str, tuple[list[str], dict]]:
     """{option: (the targets that declare it, its declaration)} for the target options
     `command` takes: each targets/<name>.toml [options.NAME] table, declared there once
@@ -146,6 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="let --out replace a file or a folder that is not a bundle (never '.' or a parent of it)")
     p.add_argument("--keep-intermediates", action="store_true", help="dump each stage's output beside the bundle")
     p.add_argument("--shape", action="append", type=_shape, metavar="NAME=1x128", help="fix an ONNX input's dims")
+    p.add_argument("--dim-relation", action="append", type=_dim_relation, metavar="DIM=DIM+DIM",
+                   help="how an ONNX file's dims are tied where the compile cannot learn it (e.g. a mask "
+                        "over the cache and the new tokens: s53=past+T)")
     p.add_argument("--lengths", type=_lengths, help="parity sequence lengths (default 1,7,128,300)")
     p.add_argument("--sizes", type=_sizes, metavar="HxW,...", help="a vision graph's parity image sizes in pixels "
                    "(default: 2x3, 4x4 and 5x3 patches)")

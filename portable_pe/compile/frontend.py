@@ -82,3 +82,19 @@ def _identifier(expr: str) -> str:
     if multiple:
         return f"{multiple[2]}_x{multiple[1]}"
     return "dim_" + re.sub(r"\W+", "_", expr).strip("_")
+
+
+def tie_input_dims(model: onnx.ModelProto, relations) -> None:
+    """Write each relation (spec.dims.DimRelation) into the graph's input dims: a dim equal to
+    another takes its name, a dim that is a sum becomes that expression ("s70 + s15"), which
+    legalize follows and TVM's importer binds once its terms are bound by other inputs. Without
+    this, TVM sees unrelated dims where the graph meets them (a mask over past + T against
+    the keys) and cannot match the shapes. The manifest keeps the original names, and the
+    runtime checks the relation (run.local.check_inputs)."""
+    tied = {r.dim: " + ".join(d if c == 1 else f"{c}*{d}" for d, c in r.terms.items()) for r in relations}
+    if not tied:
+        return
+    for vi in [*model.graph.input, *model.graph.output, *model.graph.value_info]:
+        for dim in vi.type.tensor_type.shape.dim:
+            if dim.HasField("dim_param") and dim.dim_param in tied:
+                dim.dim_param = tied[dim.dim_param]

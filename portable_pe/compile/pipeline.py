@@ -48,7 +48,7 @@ def compile_graph(source: str | GraphSpec, *, target: str = "llvm", out: str | P
                   keep_intermediates: bool = False, shapes: dict[str, list[int]] | None = None,
                   target_options: dict | None = None, pe_tables: str | None = None, tuning: bool = True,
                   exporter: str = DEFAULT_EXPORTER, precision: str | None = None, force: bool = False,
-                  log: Callable[[str], None] = print) -> Bundle:
+                  dim_relations: tuple = (), log: Callable[[str], None] = print) -> Bundle:
     """Compile a shipped graph name, a TOML spec or an .onnx file into a verified bundle.
 
     `target_options` go to the backend's tvm_target() (e.g. board= for arm, arch= for cuda).
@@ -58,6 +58,8 @@ def compile_graph(source: str | GraphSpec, *, target: str = "llvm", out: str | P
     bundle or a new path; `force` lets it replace anything else (bundle/paths.py).
     `precision` (quant.PRECISIONS, default: the target's first) "int8" quantizes the
     constant-weight matmuls (default bundle folder dist/<graph>-<target>-int8).
+    `dim_relations` (spec.dims.DimRelation, or "s53=past+T" strings): how a foreign graph's
+    dims are tied, where the compile cannot learn it (compile/relation_probe.py).
     """
     default_tvm_threads()  # before TVM's pool starts: the build and the npu's check run kernels
     spec = _available(target)
@@ -67,7 +69,7 @@ def compile_graph(source: str | GraphSpec, *, target: str = "llvm", out: str | P
     suffix = "" if precision == default_precision else f"-{precision}"
     request = CompileRequest(source=source, target=spec, target_options=dict(target_options or {}),
                              shapes=dict(shapes or {}), precision=precision, exporter=exporter,
-                             use_tuning=tuning, pe_tables=pe_tables)
+                             use_tuning=tuning, pe_tables=pe_tables, dim_relations=_relations(dim_relations))
     with bundle_writer(Path("dist") / f"{stem}-{target}{suffix}" if out is None else out, replace_any=force) as writer:
         inter = Intermediates(writer.dest, force=force) if keep_intermediates else None
         st = CompileState(request, log=log, intermediates=inter)
@@ -137,3 +139,8 @@ def run_stages(st: CompileState, stages) -> None:
                                f"{' (input shapes fixed by --shape: ' + str(shapes) + ')' if shapes else ''}") from err
         st.timings[name] = time.perf_counter() - t
     st.timings["total"] = time.perf_counter() - start
+
+
+def _relations(given) -> tuple:
+    from ..spec.dims import DimRelation
+    return tuple(r if isinstance(r, DimRelation) else DimRelation.parse(r) for r in given or ())

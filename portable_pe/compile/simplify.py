@@ -51,6 +51,17 @@ def ort_session(model, *, threads: int = 0, spin: bool = True, quiet: bool = Fal
     return ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
 
 
+def onnxruntime_words(err: Exception) -> str:
+    """onnxruntime's message for a failed run, without its source-file prefix: the words
+    after its failed check ("Attempting to broadcast an axis by a dimension other than 1.
+    17 by 25")."""
+    text = str(err).strip()
+    status = text.find("Status Message:")
+    text = text[status + len("Status Message:"):] if status >= 0 else text
+    text = text.rsplit("was false.", 1)[-1]
+    return " ".join(text.split())[:240]
+
+
 def simplify_onnx(model: onnx.ModelProto, *, check_inputs: list[dict[str, np.ndarray]],
                   atol: float = 1e-4) -> tuple[onnx.ModelProto, SimplifyReport]:
     """onnxsim with its own check off; we check on the caller's seeded inputs instead

@@ -61,21 +61,14 @@ def _scaled(io: dict, factor: int) -> dict:
 
 def _failure(session, io: dict, sizes: list[dict]) -> str | None:
     """onnxruntime's words at the first of `sizes` where the graph fails, or None."""
+    from .simplify import onnxruntime_words
     for sizes_at in sizes:
         feeds = make_inputs(io["inputs"], sizes=sizes_at, dim_roles=dim_roles(io))
         try:
             session.run(None, feeds)
         except Exception as err:  # pylint: disable=broad-except  # onnxruntime's own error types
-            return f"at {size_label(sizes_at)}: {_first_line(err)}"
+            return f"at {size_label(sizes_at)}: {onnxruntime_words(err)}"
     return None
-
-
-def _first_line(err: Exception) -> str:
-    text = str(err).strip()
-    status = text.find("Status Message:")
-    text = text[status + len("Status Message:"):] if status >= 0 else text
-    text = text.rsplit("was false.", 1)[-1]  # onnxruntime's failed check, then its words
-    return " ".join(text.split())[:240]
 
 
 def _steps(io: dict) -> str:

@@ -3,6 +3,7 @@ returns what it adds (state.Added); none writes to the state."""
 
 from __future__ import annotations
 
+import copy
 import json
 import tempfile
 from dataclasses import replace
@@ -20,7 +21,7 @@ from ..spec.io_names import describe_io, dim_roles
 from ..spec.schema import NAME
 from ..user_files import load_onnx_file
 from .export import export_onnx_cached, get_metadata
-from .frontend import fix_input_shapes, name_dim_expressions
+from .frontend import fix_input_shapes, name_dim_expressions, tie_input_dims
 from .state import Added, CompileState
 
 
@@ -86,16 +87,19 @@ def stage_export(st: CompileState) -> Added | None:
 
 def stage_simplify(st: CompileState) -> Added:
     from .simplify import simplify_onnx
+    from .relation_probe import learn_relations
     from .size_probe import probe_pixel_sizes
     io = describe_io(st.model, st.spec)
-    if st.spec is None:  # a foreign export's symbolic image dims, tried before they are trusted
-        io = probe_pixel_sizes(st.model, io, log=st.log)
+    if st.spec is None:  # a foreign export's dims, tried before they are trusted: how they are
+        io = learn_relations(st.model, io, stated=st.request.dim_relations, log=st.log)  # tied,
+        io = probe_pixel_sizes(st.model, io, log=st.log)  # and the image sizes it runs at
     batch = 2 if st.spec else 1
     if pixel_roles(io):  # image sizes in whole patches, not sequence lengths
         checks = [make_inputs(io["inputs"], sizes=s, batch=batch, dim_roles=dim_roles(io)) for s in default_sizes(io)[:2]]
     else:
         lengths = usable_lengths(io, (7, 33)) or usable_lengths(io, (1,))
-        checks = [make_inputs(io["inputs"], length=n, batch=batch, dim_roles=dim_roles(io)) for n in lengths]
+        checks = [make_inputs(io["inputs"], length=n, batch=batch, dim_roles=dim_roles(io),
+                              relations=io.get("dim_relations")) for n in lengths]
     model, report = simplify_onnx(st.model, check_inputs=checks)
     st.log(f"  simplify: {report.summary()}")
     st.dump("02-simplified.onnx", model.SerializeToString())
@@ -122,7 +126,10 @@ def stage_legalize(st: CompileState) -> Added:
     if st.spec is None or st.spec.vision is not None:  # a vision graph's pixel dims: through its patch stem
         from ..legalize import dim_bounds, legalize
         from ..spec.dims import apply_dim_bounds
+        from ..spec.dims import relations_of
         multiples = {d: info["multiple"] for d, info in io["dims"].items() if info.get("multiple", 1) > 1}
+        model = copy.deepcopy(model)
+        tie_input_dims(model, relations_of(io))
         model = legalize(model, multiples=multiples)
         io = json.loads(json.dumps(io))  # a copy: the bounds narrow it
         for said in apply_dim_bounds(io, dim_bounds(model)):  # the graph runs only up to them
@@ -206,7 +213,7 @@ def stage_reference(st: CompileState) -> Added:
         st.log(f"  reference at {', '.join(size_label(c.sizes) for c in cases)}")
         return Added(reference=tuple(cases))
     for n in usable_lengths(st.io, DEFAULT_LENGTHS):
-        inputs = make_inputs(st.io["inputs"], length=n, dim_roles=dim_roles(st.io))
+        inputs = make_inputs(st.io["inputs"], length=n, dim_roles=dim_roles(st.io), relations=st.io.get("dim_relations"))
         cases.append(ReferenceCase(n, inputs, run(inputs)))
     return Added(reference=tuple(cases))
 

@@ -30,6 +30,7 @@ class CompileRequest:
     exporter: str = "torchscript"               # compile/export.py EXPORTERS
     use_tuning: bool = True                     # apply targets/tuning/<target>/<graph> when it exists
     pe_tables: str | None = None                # "int8": stored position tables as int8 rows
+    dim_relations: tuple = ()                   # --dim-relation: spec.dims.DimRelation records stated
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ KV cache, the way a user would hand it to ``portable-pe compile``.
 Without a cache the graph maps ``input_ids [1, T]`` to ``last_hidden_state [1, T, D]``.
 With one (``kv_cache=True``) it also takes ``past_key_values.{i}.key|value`` ``[1, Hkv,
 past, Dh]`` and returns ``present.{i}.key|value`` ``[1, Hkv, past + T, Dh]`` (optimum's
-names), positions offset by ``past`` inside the graph as transformers computes them;
+names), positions offset by ``past`` inside the graph as transformers computes them (or,
+with ``attention_mask=True``, given as ``position_ids`` beside a mask over past + T);
 ``portable_pe.kv_cache`` feeds each step's present back as the next step's past.
 """
 
@@ -58,6 +59,24 @@ class WithCache(torch.nn.Module):
         return (out.last_hidden_state, *present)
 
 
+class WithCacheAndMask(torch.nn.Module):
+    """(input_ids, attention_mask, position_ids, *past) -> (last_hidden_state, *present): the
+    layout Optimum and onnxruntime-genai exports carry, the mask over past + T tokens."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, position_ids, *past):
+        from transformers import DynamicCache  # pylint: disable=import-outside-toplevel
+        pairs = [(past[i], past[i + 1]) for i in range(0, len(past), 2)]
+        cache = DynamicCache(pairs, config=self.model.config)
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=True, **{cache_kwarg(self.model): cache})
+        present = [t for layer in cache.layers for t in (layer.keys, layer.values)]
+        return (out.last_hidden_state, *present)
+
+
 def example_past(model, *, length: int = EXAMPLE_PAST, batch: int = 1) -> list[torch.Tensor]:
     """Zero-free random past K/V of the shapes the model's attention layers keep."""
     cfg = model.config.get_text_config(decoder=True)
@@ -68,11 +87,15 @@ def example_past(model, *, length: int = EXAMPLE_PAST, batch: int = 1) -> list[t
 
 
 def export_hf(model, path: str | Path, *, exporter: str = "dynamo", opset: int = 18,
-              kv_cache: bool = False, length: int = EXAMPLE_LENGTH) -> Path:
+              kv_cache: bool = False, attention_mask: bool = False, length: int = EXAMPLE_LENGTH) -> Path:
     """Write ``model`` (a transformers base model in eval mode) to ``path`` as ONNX.
 
     The sequence length (and with ``kv_cache`` the past length) stays a dynamic dim,
-    named ``T`` (and ``past``). Weights are stored inside the file."""
+    named ``T`` (and ``past``). With ``attention_mask`` (and ``kv_cache``) the graph also
+    takes ``attention_mask [1, past + T]`` and ``position_ids [1, T]``; the mask's dim gets
+    a name of its own, as users' exports have it (torch.export: ``Dim.AUTO``, an ``s..``
+    symbol; TorchScript: ``past_plus_T``), and nothing in the file says how it relates.
+    Weights are stored inside the file."""
     if exporter not in EXPORTERS:
         raise ValueError(f"exporter must be one of {EXPORTERS}, got {exporter!r}")
     path = Path(path)
@@ -81,11 +104,19 @@ def export_hf(model, path: str | Path, *, exporter: str = "dynamo", opset: int =
     # The wrapper must be in eval mode too: the TorchScript exporter puts the module it
     # exported back in that module's mode, recursively (a fresh wrapper is in training
     # mode, which would turn the model's dropout on from then on).
+    if attention_mask and not kv_cache:
+        raise ValueError("attention_mask=True exports the cache layout (mask over past + T): pass kv_cache=True too")
+    masked = ["attention_mask", "position_ids"] if attention_mask else []
     if kv_cache:
         past = example_past(model)
         past_names, present_names = cache_names(len(past) // 2)
-        module, args = WithCache(model).eval(), (ids, *past)
-        inputs, outputs = ["input_ids", *past_names], ["last_hidden_state", *present_names]
+        if attention_mask:
+            mask = torch.ones(1, EXAMPLE_PAST + length, dtype=torch.int64)
+            positions = torch.arange(EXAMPLE_PAST, EXAMPLE_PAST + length)[None]
+            module, args = WithCacheAndMask(model).eval(), (ids, mask, positions, *past)
+        else:
+            module, args = WithCache(model).eval(), (ids, *past)
+        inputs, outputs = ["input_ids", *masked, *past_names], ["last_hidden_state", *present_names]
     else:
         # With use_cache=False transformers' masks check for packed sequences with
         # torch.diff, which the TorchScript exporter has no symbolic for; with a cache
@@ -96,7 +127,7 @@ def export_hf(model, path: str | Path, *, exporter: str = "dynamo", opset: int =
         warnings.simplefilter("ignore")
         if exporter == "dynamo":
             seq = torch.export.Dim("T", min=1, max=MAX_LENGTH)
-            dims = [{1: seq}]
+            dims = [{1: seq}] + ([{1: torch.export.Dim.AUTO}, {1: seq}] if attention_mask else [])
             if kv_cache:  # *past arrives as one tuple argument
                 cached = torch.export.Dim("past", min=1, max=past_max(model))
                 dims.append(tuple({2: cached} for _ in past_names))
@@ -105,6 +136,7 @@ def export_hf(model, path: str | Path, *, exporter: str = "dynamo", opset: int =
                               external_data=False, verbose=False)
         else:
             axes = {"input_ids": {1: "T"}, "last_hidden_state": {1: "T"}}
+            axes.update({"attention_mask": {1: "past_plus_T"}, "position_ids": {1: "T"}} if attention_mask else {})
             axes.update({name: {2: "past"} for name in past_names})
             axes.update({name: {2: "past_plus_T"} for name in present_names})
             torch.onnx.export(module, args, str(path), dynamo=False, opset_version=opset,

@@ -32,7 +32,8 @@ def calibration_lengths(io: dict) -> list[int]:
 def calibration_feeds(io: dict, *, lengths: list[int]) -> list[dict[str, np.ndarray]]:
     """One seeded input set per length (batch 1), seeds FIRST_SEED, FIRST_SEED + 1, ..."""
     from ..run.parity import dim_roles, make_inputs
-    return [make_inputs(io["inputs"], length=n, batch=_batch(io, n), seed=FIRST_SEED + i, dim_roles=dim_roles(io))
+    return [make_inputs(io["inputs"], length=n, batch=_batch(io, n), seed=FIRST_SEED + i, dim_roles=dim_roles(io),
+                        relations=io.get("dim_relations"))
             for i, n in enumerate(lengths)]
 
 

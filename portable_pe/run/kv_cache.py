@@ -49,12 +49,34 @@ class KVCacheSession:
         self.past = None
 
     def run(self, input_ids: np.ndarray, **extra: np.ndarray) -> dict[str, np.ndarray]:
-        """One step (the first is the prefill): the model's outputs for these tokens."""
+        """One step (the first is the prefill): the model's outputs for these tokens. A graph
+        that also takes an attention mask (over the cache and these tokens) and position ids
+        gets all-ones and past..past + T - 1 unless `extra` gives them."""
         input_ids = np.asarray(input_ids)
         past = self.past if self.past is not None else empty_cache(self.manifest, batch=input_ids.shape[0])
+        extra = {**step_inputs(self.manifest, input_ids, self.length, given=extra), **extra}
         outputs = self.runner.run({"input_ids": input_ids, **extra, **past})
         self.past = {name: outputs[present] for name, present in self.pairs.items()}
         return outputs
+
+
+def step_inputs(manifest: dict, input_ids: np.ndarray, past: int, *, given=()) -> dict[str, np.ndarray]:
+    """The inputs of a step besides the tokens and the cache: an attention mask of ones over
+    past + T (``[B, past + T]``) and position ids past..past + T - 1, for each such input the
+    graph has and `given` lacks."""
+    from ..spec.io_names import is_position_input  # pylint: disable=import-outside-toplevel
+    batch, tokens = input_ids.shape
+    cached = set(cache_pairs(manifest["inputs"], manifest["outputs"]))
+    made = {}
+    for spec in manifest["inputs"]:
+        name, dtype = spec["name"], np.dtype(spec["dtype"])
+        if name in given or name in cached or name == "input_ids":
+            continue
+        if is_position_input(name):
+            made[name] = np.broadcast_to(np.arange(past, past + tokens), (batch, tokens)).astype(dtype).copy()
+        elif "mask" in name.lower() and len(spec["dims"]) == 2:
+            made[name] = np.ones((batch, past + tokens), dtype)
+    return made
 
 
 def empty_cache(manifest: dict, *, batch: int = 1) -> dict[str, np.ndarray]:

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..bundle.artifact import Bundle, BundleError
 from ..bundle.shared_library import check_shared_library
-from ..spec.dims import dim_sum_error
+from ..spec.dims import dim_sum_error, relation_error
 from ..spec.io_names import BATCH, SEQ
 
 
@@ -51,7 +51,7 @@ def check_inputs(manifest: dict, inputs: dict[str, np.ndarray]) -> None:
             if bound_values.setdefault(dim, size) != size:
                 raise InputError(f"dim {dim!r} is {bound_values[dim]} in one input and {size} in "
                                  f"input {name!r}; they must agree")
-    beyond = dim_sum_error(manifest, bound_values)
+    beyond = dim_sum_error(manifest, bound_values) or relation_error(manifest, bound_values)
     if beyond:
         raise InputError(beyond)
     for name, limit in manifest.get("value_limits", {}).items():

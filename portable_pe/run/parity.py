@@ -45,19 +45,32 @@ def tolerance_for(dtype: str, overrides: dict | None = None) -> dict:
 
 
 def make_inputs(input_specs: list[dict], *, length: int = 1, batch: int = 1, seed: int = 0,
-                dim_roles: dict[str, str] | None = None, sizes: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+                dim_roles: dict[str, str] | None = None, sizes: dict[str, int] | None = None,
+                dim_sizes: dict[str, int] | None = None, relations=None) -> dict[str, np.ndarray]:
     """Seeded inputs: symbolic 'seq' dims take `length`, 'batch' dims take `batch`, pixel
-    dims (height, width, frames) their size in `sizes` ({role: pixels}).
+    dims (height, width, frames) their size in `sizes` ({role: pixels}); `dim_sizes`
+    ({dim: size}) sets single dims, and a dim tied to others by one of `relations`
+    (DimRelation records or their JSON: a mask's ``s53 = past + T``) takes their sum.
 
     Float inputs are standard normal; position inputs count 0..T-1; masks are ones;
     other integer inputs (token ids) are drawn below the input's declared limit.
     """
+    from ..spec.dims import DimRelation
     rng = np.random.default_rng(seed)
     roles = dim_roles or {}
     given = {BATCH: batch, SEQ: length, **(sizes or {})}
+    tied = {r.dim: r for r in (r if isinstance(r, DimRelation) else DimRelation.from_json(r) for r in relations or ())}
+
+    def size(d):
+        if isinstance(d, int):
+            return d
+        if d in tied:
+            return sum(c * size(t) for t, c in tied[d].terms.items())
+        return (dim_sizes or {}).get(d, given[roles.get(d, SEQ)])
+
     arrays = {}
     for spec in input_specs:
-        shape = [d if isinstance(d, int) else given[roles.get(d, SEQ)] for d in spec["dims"]]
+        shape = [size(d) for d in spec["dims"]]
         name, dtype = spec["name"], np.dtype(spec["dtype"])
         if dtype.kind == "f":
             arrays[spec["name"]] = rng.standard_normal(shape).astype(dtype)
@@ -291,7 +304,8 @@ def check_bundle(bundle, *, lengths=DEFAULT_LENGTHS, batch: int = 1, seed: int =
     else:
         cases = [(n, {"length": n}) for n in usable_lengths(manifest, lengths)]
     for label, at in cases:
-        inputs = make_inputs(manifest["inputs"], batch=batch, seed=seed, dim_roles=roles, **at)
+        inputs = make_inputs(manifest["inputs"], batch=batch, seed=seed, dim_roles=roles,
+                             relations=manifest.get("dim_relations"), **at)
         expected = reference(inputs)
         for name, run in active.items():
             rows = compare(expected, run(inputs), name=name, length=label, tolerance_overrides=manifest.get("tolerance"))
