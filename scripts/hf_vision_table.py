@@ -44,7 +44,7 @@ def _pixels(h, w, seed):
 
 
 def onnxruntime_row(module, path) -> str:
-    from portable_pe.compile.simplify import ort_session
+    from portable_pe.compile.simplify import onnxruntime_words, ort_session
     session = ort_session(str(path), quiet=True)
     out = []
     for h, w in ((IMAGE, IMAGE), SECOND):
@@ -53,7 +53,7 @@ def onnxruntime_row(module, path) -> str:
             got = session.run(None, {"pixel_values": x})[0]
             out.append(f"{h}x{w}: {np.abs(got - _torch(module, x)).max():.1e}")
         except Exception as err:  # pylint: disable=broad-except
-            out.append(f"{h}x{w}: fails ({_words(err)[-70:]})")
+            out.append(f"{h}x{w}: fails ({onnxruntime_words(err)[:90]})")
     return "; ".join(out)
 
 

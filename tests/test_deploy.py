@@ -24,7 +24,7 @@ from portable_pe.run.deploy import DeployError, deploy, parse_address
 from portable_pe.spec.graphs import GRAPHS
 from portable_pe.run.parity import TOLERANCES, compare
 
-from conftest import TINY_SPEC, load_script, needs_cross, require_cross
+from conftest import DATA, TINY_SPEC, load_script, needs_cross, require_cross
 
 board_server = load_script("board_server")
 
@@ -273,6 +273,18 @@ def test_busy_board_times_out(arm_bundle, emulated_board):
             deploy(arm_bundle, rpc=f"{host}:{port}", timeout=3, log=lambda m: None)
     finally:
         del held
+
+
+@board
+def test_a_vision_bundle_passes_on_the_board_at_its_sizes(bundle_factory, emulated_board, capsys):
+    """One arm build of a 2D-RoPE ViT, run on the board at each image size its reference
+    holds (2 x 3, 4 x 4 and 5 x 3 patches), each against the stored PyTorch outputs."""
+    require_cross()
+    bundle = bundle_factory(str(DATA / "vision" / "tiny_vit_rope_2d.toml"), "arm")
+    report = deploy(bundle, rpc=emulated_board.direct(), log=lambda m: None)
+    board_rows = [r for r in report.rows if r.candidate == "board vs reference.npz"]
+    assert len({r.length for r in board_rows}) >= 2 and all(r.ok for r in board_rows), report.to_markdown()
+    assert report.ok, report.to_markdown()
 
 
 @board
