@@ -42,7 +42,8 @@ class _ListOf:
 _NUMBER = (int, float)
 _IO = {"name": str, "dtype": str, "dims": _ListOf((int, str))}
 _CASE = {"length?": int, "sizes?": _MapOf(int), "inputs": _MapOf(str), "outputs": _MapOf(str)}
-_DIM = {"role": _Choice(*ROLES), "min": int, "max": int, "why?": str, "past?": bool, "multiple?": int}
+_DIM = {"role": _Choice(*ROLES), "min": int, "max": int, "why?": str, "past?": bool, "multiple?": int,
+        "patch?": int}  # patch: a foreign image's stem stride, when the graph needs a coarser multiple
 SCHEMA = {
     "format_version": int,
     "graph": {"name": str, "source": _Choice("spec", "onnx"), "spec": (dict, type(None))},

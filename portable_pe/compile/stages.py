@@ -127,7 +127,8 @@ def stage_legalize(st: CompileState) -> Added:
         from ..legalize import dim_bounds, legalize
         from ..spec.dims import apply_dim_bounds
         from ..spec.dims import relations_of
-        multiples = {d: info["multiple"] for d, info in io["dims"].items() if info.get("multiple", 1) > 1}
+        multiples = {d: (info["multiple"], info.get("patch", info["multiple"])) for d, info in io["dims"].items()
+                     if info.get("multiple", 1) > 1}
         model = copy.deepcopy(model)
         tie_input_dims(model, relations_of(io))
         model = legalize(model, multiples=multiples)

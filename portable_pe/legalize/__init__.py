@@ -62,14 +62,15 @@ __all__ = ["legalize", "blocking_nodes", "dim_bounds"]
 
 def legalize(
     model: onnx.ModelProto, *, input_shapes: dict[str, list[int | str]] | None = None,
-    multiples: dict[str, int] | None = None,
+    multiples: dict[str, int | tuple[int, int]] | None = None,
 ) -> onnx.ModelProto:
     """Rewrite ``model`` (a copy) so that TVM's Relax ONNX importer can follow its shapes.
 
     ``input_shapes`` optionally overrides graph input dims: ints fix a dim, strings
     name a symbolic dim (the same name in two inputs means the same size).
-    ``multiples`` ({dim: m}): dims known to be multiples of m (an image side in whole
-    patches), which decides shape arithmetic the dim alone leaves open (a window's padding).
+    ``multiples`` ({dim: m} or {dim: (m, patch)}): dims known to be multiples of m (an image
+    side in whole windows), which decides shape arithmetic the dim alone leaves open (a
+    window's padding); dim programs are written in the patch grid, H // patch.
     Dynamic dims stay dynamic.
     """
     model = copy.deepcopy(model)

@@ -19,8 +19,6 @@ standard ONNX, so onnxruntime runs the rewritten graph as it ran the original.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import onnx
 import sympy
@@ -54,31 +52,17 @@ class DimEmitter:
         return name
 
     def _in_dims(self, e):
-        """e with each quotient symbol q (a dim known to be m * q) written back in the dim, as
-        the floors TVM's own shape rules write: c * q becomes c/g * floor(H / (m/g)) with g =
-        gcd(c, m), so 4 * q (m = 16) is floor(H / 4) and q_h * q_w is floor(H / 8) * floor(W / 8),
-        the dims a conv with stride 4 or 8 gives; H * W // 64 would be the same number in a
-        form TVM cannot match with them."""
+        """e with each quotient symbol q (a dim H known to be m * q) written back in the patch
+        grid G = floor(H / p), the dim TVM's conv shape rule gives for a stem of stride p:
+        q = G * p / m exactly, so Swin's 16 * q_h * q_w (m = 16, p = 4) is G_h * G_w, 2 * q_h
+        is G_h / 2 (TVM: H // 8), and a ViT's q_h * q_w (m = p = 8) is floor(H/8) * floor(W/8);
+        H * W // 64 would be the same number in a form TVM cannot match with those."""
         e = sympy.sympify(e)
         quotients = self.rw.sym.quotients
         if not (quotients and e.free_symbols & set(quotients)):
             return e
-        terms = []
-        for term in sympy.Add.make_args(sympy.expand(e)):
-            coeff, rest = term.as_coeff_Mul()
-            factors = []
-            for factor in sympy.Mul.make_args(rest):
-                base, power = factor.as_base_exp()
-                if base not in quotients or not (power.is_Integer and int(power) > 0):
-                    factors.append(factor)
-                    continue
-                dim, m = quotients[base]
-                for _ in range(int(power)):
-                    g = math.gcd(int(coeff), m) if coeff.is_Integer and coeff != 0 else 1
-                    coeff = coeff / g
-                    factors.append(sympy.floor(dim / (m // g)))
-            terms.append(coeff * sympy.Mul(*factors))
-        return sympy.Add(*terms)
+        grid = {q: sympy.floor(dim / p) * sympy.Rational(p, m) for q, (dim, m, p) in quotients.items()}
+        return sympy.expand(e.subs(grid))
 
     def expressible(self, e) -> bool:
         e = self._in_dims(e)

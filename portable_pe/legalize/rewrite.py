@@ -210,6 +210,7 @@ class _Rewriter:
         steps = [1] * len(ends) if steps is None and not node.input[4:5] else steps
         if axes is None or steps is None:
             return None
+        out_shape = dict(enumerate(sym.shape.get(node.output[0]) or []))
         clamped, symbolic_axis, in_range = [], False, True
         for start, end, axis, step in zip(list(starts.ravel()), ends, np.ravel(axes), np.ravel(steps)):
             axis, step = sympy.sympify(axis), sympy.sympify(step)  # the defaults are plain ints
@@ -222,6 +223,12 @@ class _Rewriter:
                 # (x[:, -4:]) and not past the axis for any input
                 in_range &= start.is_number and int(start) >= 0 and _at_least(dim, start, sym.bounds)
                 end = dim
+                length = (out_shape or {}).get(int(axis) + len(shape) if int(axis) < 0 else int(axis))
+                if int(step) > 1 and length is not None and sym.followed(length) and not length.is_number:
+                    # the last element taken, plus one: TVM's (end - start + step - 1) // step is then
+                    # the exact count in every slice (Swin's x[:, 0::2] and x[:, 1::2] both H/8),
+                    # where the axis length would give (H/4 + 1) // 2 and (H/4) // 2, unequal to it
+                    end = sympy.expand(start + step * (length - 1) + 1)
             clamped.append(end)
         symbolic_bound = not all(e.is_number for e in list(starts.ravel()) + ends)
         if clamped == ends or not (symbolic_bound or (symbolic_axis and in_range)) \

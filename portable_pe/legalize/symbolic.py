@@ -49,7 +49,7 @@ class _Sym:
         self.elem: dict[str, int] = {}
         self.src: dict[sympy.Symbol, tuple[str, int]] = {}  # symbol -> (graph input, axis)
         # q -> (dim, m) for a dim written m * q (``multiples``); dim programs are written in the dim
-        self.quotients: dict[sympy.Symbol, tuple[sympy.Symbol, int]] = {}
+        self.quotients: dict[sympy.Symbol, tuple[sympy.Symbol, int, int]] = {}  # q -> (dim, m, patch)
         # a dim or a sum of dims -> the largest value the graph runs at (``bounds``)
         self.bounds: dict[sympy.Expr, int] = {}
 
@@ -67,7 +67,8 @@ class _Sym:
                 if isinstance(d, sympy.Symbol) and d not in self.src:
                     self.src[d] = (vi.name, ax)
         for name, m in (multiples or {}).items():
-            self._as_multiple(sympy.Symbol(name, integer=True, positive=True), m)
+            m, patch = m if isinstance(m, tuple) else (m, m)
+            self._as_multiple(sympy.Symbol(name, integer=True, positive=True), m, patch)
         for init in graph.initializer:
             arr = numpy_helper.to_array(init)
             self.elem[init.name] = init.data_type
@@ -98,12 +99,12 @@ class _Sym:
             if self.bounds == known:
                 break
 
-    def _as_multiple(self, dim: sympy.Symbol, m: int) -> None:
+    def _as_multiple(self, dim: sympy.Symbol, m: int, patch: int) -> None:
         """Write the input dim `dim` as m * q in every shape (see the module's docstring)."""
         if dim not in self.src or m <= 1:
             return
         q = sympy.Symbol(f"{dim.name}_over_{m}", integer=True, positive=True)
-        self.quotients[q] = (dim, m)
+        self.quotients[q] = (dim, m, patch)
         for name, shape in self.shape.items():
             if shape:
                 self.shape[name] = [d.subs(dim, m * q) if isinstance(d, sympy.Expr) else d for d in shape]

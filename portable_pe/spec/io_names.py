@@ -106,7 +106,8 @@ def foreign_pixel_dims(model) -> dict[str, dict]:
         for axis, pixel in axes.items():
             # one name on two axes (an export traced square-only): the first axis's role
             dims.setdefault(shape[axis].dim_param or f"{name}_dim{axis}", {
-                "role": pixel.role, "min": pixel.least, "max": FOREIGN_PIXEL_MAX, "multiple": pixel.patch})
+                "role": pixel.role, "min": pixel.least, "max": FOREIGN_PIXEL_MAX, "multiple": pixel.patch,
+                "patch": pixel.patch})
     return dims
 
 
