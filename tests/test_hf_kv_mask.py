@@ -112,3 +112,11 @@ def test_a_stated_relation_is_used_and_a_wrong_name_refused(masked_bundle, tmp_p
 def test_a_malformed_dim_relation_is_refused(text):
     with pytest.raises(ValueError, match="expected DIM=DIM"):
         DimRelation.parse(text)
+
+
+def test_inspect_says_how_the_dims_are_tied(masked_bundle, capsys):
+    _, path, _ = masked_bundle(*DEFAULT[0])
+    cli(["inspect", str(path)])
+    out = capsys.readouterr().out
+    mask_dim, tokens_dim = _dims(path, "attention_mask")[1], _dims(path, "input_ids")[1]
+    assert f"dims: {mask_dim} = {tokens_dim} + past" in out, out
