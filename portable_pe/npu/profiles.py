@@ -220,9 +220,12 @@ def coverage(verdicts: list[NodeVerdict]) -> dict:
             "node_coverage": len(npu) / len(verdicts) if verdicts else 1.0}
 
 
-def format_blockers(verdicts: list[NodeVerdict], profile: Profile, *, limit: int = 40) -> str:
+def format_blockers(verdicts: list[NodeVerdict], profile: Profile, *, graph: str, limit: int = 40) -> str:
+    """The refused nodes, one a line; `graph` says which graph the check looked at (the host
+    ONNX graph is not always the one the vendor's compiler is handed)."""
     bad = [v for v in verdicts if not v.allowed]
-    lines = [f"{len(bad)} node(s) are not allowed by NPU profile {profile.name} ({profile.source.split()[0]}):"]
+    lines = [f"{len(bad)} node(s) of {graph} are not allowed by NPU profile {profile.name} "
+             f"({profile.source.split()[0]}):"]
     lines += [f"  {v.node} [{v.op}]: {'; '.join(v.why)}" for v in bad[:limit]]
     if len(bad) > limit:
         lines.append(f"  ... and {len(bad) - limit} more")
