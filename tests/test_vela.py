@@ -127,3 +127,24 @@ def test_the_guides_ethos_u_columns_are_the_compile_pipelines_vendor_build(tmp_p
         assert rope["ok"] and rope["ops_cpu"] == 0 and rope["ops_npu"] > 0, rope["error"]
         assert rope["time_ms"] > 0 and rope["size_bytes"] > 0 and rope["details"]["profile_disagreements"] == 0
         assert not learned["ok"] and "max length 32" in learned["error"]
+
+
+def test_the_tflite_precheck_names_each_refused_operator_and_why(tmp_path):
+    from dataclasses import replace
+    from portable_pe.npu.profiles import load_profile
+    from portable_pe.npu.tflite_check import check_tflite
+    ops = [{"op": "FULLY_CONNECTED", "name": "fc", "dtypes": ["int32", "int8"], "rank": 3},
+           {"op": "SIN", "name": "sin", "dtypes": ["int8"], "rank": 3},
+           {"op": "EXP", "name": "exp", "dtypes": ["float32"], "rank": 3},
+           {"op": "DIV", "name": "div", "dtypes": ["int8"], "rank": 3}]
+    u55, u85 = (check_tflite(ops, load_profile(n)) for n in ("ethos-u55", "ethos-u85"))
+    assert [v.allowed for v in u55] == [True, False, False, False]
+    assert "TFLite op SIN is not in profile ethos-u55" in u55[1].why[0] and "float32" in u55[2].why[0]
+    assert [v.allowed for v in u85] == [True, False, False, True]  # U85 divides, U55 does not
+    with pytest.raises(ValueError, match="no \\[tflite\\] table"):
+        check_tflite(ops, replace(load_profile("ethos-u55"), tflite={}))
+    bad = tmp_path / "bad.toml"
+    shipped = Path(__file__).parents[1] / "targets" / "npu" / "ethos-u55.toml"
+    bad.write_text(shipped.read_text().replace("[tflite]\n", "[tflite]\nmax_rank = 4\n"))
+    with pytest.raises(ValueError, match=r"\[tflite\] must have exactly the keys \['dtypes', 'ops'\]"):
+        load_profile(bad)
