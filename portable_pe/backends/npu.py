@@ -80,8 +80,8 @@ def legalize_onnx(model, state) -> Added:
     if after and decides:
         raise ValueError(format_blockers(check_model(rewritten, profile), profile, graph=graph))
     if after:  # the vendor's build decides: the check of this graph is a prediction, checked later
-        state.log(f"  npu: {len(after)} node(s) of the host ONNX graph the profile refuses (not decisive: "
-                  f"{profile.vendor}'s build places the ops): "
+        state.log(f"  npu: {len(after)} node(s) of the host ONNX graph the profile refuses (a prediction, "
+                  f"not decisive: {profile.vendor}'s compiler places the ops): "
                   + ", ".join(f"{v.node} [{v.op}]" for v in after[:8]) + (" ..." if len(after) > 8 else ""))
     host_graph = quantize_int8(rewritten, profile) if dtype == "int8" else rewritten
     verdicts = check_model(host_graph, profile, quantized=dtype == "int8")
