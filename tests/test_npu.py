@@ -154,7 +154,7 @@ def test_rewrites_for_a_strict_npu_remove_refused_ops_and_keep_values(tmp_path):
     assert {v.op for v in check_model(model, profile) if not v.allowed} == {"LayerNormalization", "Softmax", "Gelu"}
     out, report = rewrite_for_profile(model, profile)
     assert report["rewritten"] == {"LayerNormalization": 1, "Softmax": 1, "Gelu": 1}
-    assert all(v.allowed for v in check_model(out, profile)), format_blockers(check_model(out, profile), profile)
+    assert all(v.allowed for v in check_model(out, profile)), format_blockers(check_model(out, profile), profile, graph="the rewritten graph")
     x = rng.standard_normal((1, 4, 8)).astype(np.float32)
     ln = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5) * gamma + beta
     r = ln.reshape(1, 2, 4, 4)
@@ -189,8 +189,8 @@ def test_check_reports_each_refused_node_and_why(tmp_path):
     why = {v.node: " ".join(v.why) for v in verdicts if not v.allowed}
     assert set(why) == {"the_sin", "the_softmax"}
     assert "Sin is not in profile strict" in why["the_sin"] and "axis=2" in why["the_softmax"]
-    text = format_blockers(verdicts, profile)
-    assert "the_sin [Sin]" in text and "the_softmax [Softmax]" in text
+    text = format_blockers(verdicts, profile, graph="the test graph")
+    assert "the_sin [Sin]" in text and "the_softmax [Softmax]" in text and "node(s) of the test graph" in text
 
 
 def test_coverage_counts_matmul_macs():
@@ -234,7 +234,7 @@ def test_profile_without_any_gelu_form_fails_with_the_node_list(tmp_path, simpli
     out, _ = rewrite_for_profile(folded, profile)
     bad = [v for v in check_model(out, profile) if not v.allowed]
     assert [v.op for v in bad] == ["Gelu"] * spec.model.n_layers and text.name == "rknpu2"
-    assert "Gelu is not in profile no_tanh" in format_blockers(bad, profile)
+    assert "Gelu is not in profile no_tanh" in format_blockers(bad, profile, graph="the test graph")
 
 
 def _check_npu_bundle(bundle, spec, n):

@@ -77,3 +77,74 @@ def test_an_ethos_u85_bundle_holds_velas_build_and_can_be_recompiled_in_place(tm
     # a bundle with vendor subfolders is still a bundle that compile may replace
     assert main(args) == 0, capsys.readouterr().err
     assert load_bundle(out).manifest["vendor"]["built"]
+
+
+def test_without_vela_the_precheck_refusal_names_the_graph_it_judged(tmp_path, monkeypatch, capsys):
+    """No toolchain: the profile's check of the host ONNX graph decides, and says that it
+    judged that graph (not the TFLite graph Vela would get) and how to get Vela's verdict."""
+    from portable_pe.cli.main import main
+    monkeypatch.setenv("PORTABLE_PE_TOOLCHAIN_DIR", str(tmp_path / "none"))
+    args = ["compile", "rope_interleaved", "--target", "npu", "--profile", "ethos-u55", "--seq-len", "64",
+            "--out", str(tmp_path / "b")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "of the host ONNX graph" in err and "[Gather]" in err and "npu_toolchain.sh ethos-u" in err, err
+    assert not (tmp_path / "b").exists()
+
+
+@needs_toolchain
+@pytest.mark.parametrize("profile", ["ethos-u55", "ethos-u85"])
+def test_where_vela_builds_its_verdict_decides_and_the_precheck_judges_the_tflite_graph(profile):
+    """The issue's case: the host ONNX graph has Gathers U55's list lacks, the TFLite graph
+    Vela gets has none; Vela places every operator on the NPU, and the [tflite] pre-check of
+    the graph Vela got agrees with it."""
+    from portable_pe.compile.pipeline import prepare
+    options = {"profile": profile, "seq_len": 64, "npu_dtype": "int8", "vendor_build": "require"}
+    logs = []
+    st = prepare("rope_interleaved", target="npu", target_options=options, through="vendor", host_build=False,
+                 log=logs.append)
+    vendor = st.report["vendor"]
+    assert vendor["built"] and vendor["cpu_ops"] == 0 and vendor["npu_ops"] > 0, vendor["cpu_fallbacks"]
+    assert "GATHER" not in vendor["tflite_ops"]
+    assert vendor["agreement"]["agree"], vendor["agreement"]["disagreements"]
+    assert st.report["npu"]["profile_coverage_vendor_graph"]["nodes_host"] == 0
+    assert vendor["accuracy_int8"]["cosine"] >= TOLERANCES["int8"]["min_cosine"]
+    if profile == "ethos-u55":  # the ONNX check still refuses the Gathers, as a warning only
+        assert any("host ONNX graph the profile refuses" in line and "[Gather]" in line for line in logs)
+
+
+@needs_toolchain
+def test_the_guides_ethos_u_columns_are_the_compile_pipelines_vendor_build(tmp_path):
+    """`portable-pe guide --targets npu-ethos-u`: each cell is the vendor stage of the
+    compile pipeline (the CLI's path); a length past a learned table is a cell that says why."""
+    from portable_pe.guide.npu import run_vendor
+    from portable_pe.npu.report import NpuJob
+    jobs = [NpuJob(load_graph(str(TINY / "tiny_rope.toml")), 16), NpuJob(load_graph(str(TINY / "tiny_learned.toml")), 64)]
+    result = run_vendor("ethos-u", jobs, work_dir=tmp_path, log=lambda m: None)
+    assert result["ran"]
+    for column in ("ethos-u85", "ethos-u55"):
+        rope, learned = result["reports"][column]
+        assert rope["ok"] and rope["ops_cpu"] == 0 and rope["ops_npu"] > 0, rope["error"]
+        assert rope["time_ms"] > 0 and rope["size_bytes"] > 0 and rope["details"]["profile_disagreements"] == 0
+        assert not learned["ok"] and "max length 32" in learned["error"]
+
+
+def test_the_tflite_precheck_names_each_refused_operator_and_why(tmp_path):
+    from dataclasses import replace
+    from portable_pe.npu.profiles import load_profile
+    from portable_pe.npu.tflite_check import check_tflite
+    ops = [{"op": "FULLY_CONNECTED", "name": "fc", "dtypes": ["int32", "int8"], "rank": 3},
+           {"op": "SIN", "name": "sin", "dtypes": ["int8"], "rank": 3},
+           {"op": "EXP", "name": "exp", "dtypes": ["float32"], "rank": 3},
+           {"op": "DIV", "name": "div", "dtypes": ["int8"], "rank": 3}]
+    u55, u85 = (check_tflite(ops, load_profile(n)) for n in ("ethos-u55", "ethos-u85"))
+    assert [v.allowed for v in u55] == [True, False, False, False]
+    assert "TFLite op SIN is not in profile ethos-u55" in u55[1].why[0] and "float32" in u55[2].why[0]
+    assert [v.allowed for v in u85] == [True, False, False, True]  # U85 divides, U55 does not
+    with pytest.raises(ValueError, match="no \\[tflite\\] table"):
+        check_tflite(ops, replace(load_profile("ethos-u55"), tflite={}))
+    bad = tmp_path / "bad.toml"
+    shipped = Path(__file__).parents[1] / "targets" / "npu" / "ethos-u55.toml"
+    bad.write_text(shipped.read_text().replace("[tflite]\n", "[tflite]\nmax_rank = 4\n"))
+    with pytest.raises(ValueError, match=r"\[tflite\] must have exactly the keys \['dtypes', 'ops'\]"):
+        load_profile(bad)

@@ -57,7 +57,7 @@ def legalize_onnx(model, state) -> Added:
     from ..npu.profiles import check_model, coverage, format_blockers
     from ..npu.quantize import quantize_int8
     from ..npu.rewrite import rewrite_for_profile
-    from ..npu.vendors import get_vendor, vendor_hooks
+    from ..npu.vendors import vendor_hooks
     from ..spec.io_names import describe_io
     if state.spec is not None and state.spec.vision is not None:
         raise ValueError(f"graph {state.name!r} is a vision graph, and the npu target does not build vision graphs "
@@ -76,16 +76,17 @@ def legalize_onnx(model, state) -> Added:
     after = [v for v in check_model(rewritten, profile) if not v.allowed]
     state.log(f"  npu: profile {profile.name}{' (' + soc + ')' if soc else ''}: {len(before)} disallowed node(s) "
               f"before rewriting, {len(after)} after ({rewrite_report['rewritten']})")
-    decides = profile.vendor is None or get_vendor(profile.vendor).precheck_decides
+    decides, graph = _precheck_decides(state, profile)
     if after and decides:
-        raise ValueError(format_blockers(check_model(rewritten, profile), profile))
-    if after:  # a vendor compiler places what its NPU lacks on the CPU: a prediction, checked later
-        state.log(f"  npu: {len(after)} node(s) the profile expects on the CPU: "
+        raise ValueError(format_blockers(check_model(rewritten, profile), profile, graph=graph))
+    if after:  # the vendor's build decides: the check of this graph is a prediction, checked later
+        state.log(f"  npu: {len(after)} node(s) of the host ONNX graph the profile refuses (a prediction, "
+                  f"not decisive: {profile.vendor}'s compiler places the ops): "
                   + ", ".join(f"{v.node} [{v.op}]" for v in after[:8]) + (" ..." if len(after) > 8 else ""))
     host_graph = quantize_int8(rewritten, profile) if dtype == "int8" else rewritten
     verdicts = check_model(host_graph, profile, quantized=dtype == "int8")
     if any(not v.allowed for v in verdicts) and decides:
-        raise ValueError(f"after {dtype} quantization: " + format_blockers(verdicts, profile))
+        raise ValueError(f"after {dtype} quantization: " + format_blockers(verdicts, profile, graph=graph))
     cov = coverage(verdicts)
     state.log(f"  npu: profile check: {cov['nodes_npu']}/{cov['nodes_total']} nodes, "
               f"{cov['macs_npu'] / 1e6:.1f}/{cov['macs_total'] / 1e6:.1f} MMACs on the NPU")
@@ -112,6 +113,22 @@ def legalize_onnx(model, state) -> Added:
               "size_bytes": {"fp32": len(rewritten.SerializeToString()), dtype: len(host_graph.SerializeToString())}}
     return Added(model=host_graph, io=io, report={"npu": report}, files=files,
                  reference_model=folded if state.spec is None else None)
+
+
+def _precheck_decides(state, profile) -> tuple[bool, str]:
+    """(whether the profile's check of the host ONNX graph stops the compile, a description
+    of that graph for the refusal). Without a vendor the graph is the NPU graph itself; with
+    one that builds, the vendor decides; with one that will not build, the vendor record says."""
+    from ..npu.toolchain import why_no_build
+    from ..npu.vendors import get_vendor, vendor_hooks
+    if profile.vendor is None:
+        return True, "the NPU graph (model.onnx)"
+    vendor = get_vendor(profile.vendor)
+    why = why_no_build(state.target_options["vendor_build"], vendor.name,
+                       blocker=vendor_hooks(vendor.name).blocker(state))
+    graph = (f"the host ONNX graph (model.onnx, what model.so runs; the {vendor.name} compiler, which judges the "
+             f"graph it is handed, is not run: {why})")
+    return vendor.precheck_decides_without_build and why is not None, graph
 
 
 def _onnxruntime_accuracy(state, io, seq_len, graphs: dict) -> dict:

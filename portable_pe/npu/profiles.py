@@ -18,7 +18,10 @@ from ..spec.registry import ROOT, read_toml, toml_registry
 PROFILES_DIR = ROOT / "targets" / "npu"
 DEFAULT_PROFILE = "generic_int8"
 _KEYS = {"name", "description", "source", "max_rank", "seq_lens", "batch", "dtypes", "quantization", "ops",
-         "vendor", "socs", "soc_ops", "accelerator"}
+         "vendor", "socs", "soc_ops", "accelerator", "tflite"}
+#: [tflite] of a profile whose vendor is handed TFLite (Vela): the operators and tensor
+#: dtypes the NPU takes (npu/tflite_check.py judges by them)
+_TFLITE_KEYS = {"ops", "dtypes"}
 _CONSTRAINTS = ("max_dim", "const", "not_const")  # plus attr_<name>
 #: ops that only move or quantize data: no MACs, and their dtype follows their input
 _DATA_OPS = {"QuantizeLinear", "DequantizeLinear", "Reshape", "Transpose", "Concat", "Slice", "Split",
@@ -40,6 +43,7 @@ class Profile:
     socs: tuple[str, ...] = ()  # the chips that compiler targets; the first is the default
     soc_ops: dict = field(default_factory=dict)  # soc -> {"add": [...], "remove": [...]} vs socs[0]
     accelerator: str | None = None  # Vela's accelerator (npu/vela.py ACCELERATORS) for ethos-u profiles
+    tflite: dict = field(default_factory=dict)  # [tflite]: the pre-check of the TFLite graph the vendor gets
 
     def check_seq_len(self, n: int) -> None:
         if self.seq_lens and n not in self.seq_lens:
@@ -105,11 +109,14 @@ def load_profile(name_or_path: str | Path) -> Profile:
         if bad:
             raise ValueError(f"{path}: [ops] {op} has unknown constraint(s) {bad}; "
                              f"valid: {', '.join(_CONSTRAINTS)}, attr_<name>")
+    tflite = dict(data.get("tflite", {}))
+    if tflite and set(tflite) != _TFLITE_KEYS:
+        raise ValueError(f"{path}: [tflite] must have exactly the keys {sorted(_TFLITE_KEYS)}, got {sorted(tflite)}")
     return Profile(name=data["name"], description=data.get("description", ""), source=data["source"],
                    max_rank=int(data["max_rank"]), ops=dict(data["ops"]), quantization=dict(data["quantization"]),
                    dtypes=tuple(data.get("dtypes", ("int8",))), seq_lens=tuple(data.get("seq_lens", ())),
                    batch=int(data.get("batch", 1)), vendor=data.get("vendor"), socs=tuple(data.get("socs", ())),
-                   soc_ops=dict(data.get("soc_ops", {})), accelerator=data.get("accelerator"))
+                   soc_ops=dict(data.get("soc_ops", {})), accelerator=data.get("accelerator"), tflite=tflite)
 
 
 @dataclass
@@ -213,9 +220,12 @@ def coverage(verdicts: list[NodeVerdict]) -> dict:
             "node_coverage": len(npu) / len(verdicts) if verdicts else 1.0}
 
 
-def format_blockers(verdicts: list[NodeVerdict], profile: Profile, *, limit: int = 40) -> str:
+def format_blockers(verdicts: list[NodeVerdict], profile: Profile, *, graph: str, limit: int = 40) -> str:
+    """The refused nodes, one a line; `graph` says which graph the check looked at (the host
+    ONNX graph is not always the one the vendor's compiler is handed)."""
     bad = [v for v in verdicts if not v.allowed]
-    lines = [f"{len(bad)} node(s) are not allowed by NPU profile {profile.name} ({profile.source.split()[0]}):"]
+    lines = [f"{len(bad)} node(s) of {graph} are not allowed by NPU profile {profile.name} "
+             f"({profile.source.split()[0]}):"]
     lines += [f"  {v.node} [{v.op}]: {'; '.join(v.why)}" for v in bad[:limit]]
     if len(bad) > limit:
         lines.append(f"  ... and {len(bad) - limit} more")

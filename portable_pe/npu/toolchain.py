@@ -92,12 +92,17 @@ def run_worker(name: str, worker: Path, request: dict, *, work_dir: Path, stage:
                           f"({log_path}):\n{_tail(log_path)}") from None
 
 
+def why_no_build(mode: str, toolchain: str, *, blocker: str | None = None) -> str | None:
+    """Why no vendor build will be made, or None when it will. `mode` is --vendor-build:
+    skip (never), auto and require (when the toolchain is installed and nothing blocks it)."""
+    return ("--vendor-build skip" if mode == "skip" else blocker
+            or (missing_message(toolchain) if toolchain_python(toolchain) is None else None))
+
+
 def skipped_build(mode: str, toolchain: str, log, *, blocker: str | None = None) -> dict | None:
     """The manifest's report of a vendor build that is not made, and why, or None when it is
-    to be made. `mode` is --vendor-build: skip (never), auto (when the toolchain is installed
-    and nothing blocks it), require (a missing toolchain or a blocker is a VendorError)."""
-    why = ("--vendor-build skip" if mode == "skip" else blocker
-           or (missing_message(toolchain) if toolchain_python(toolchain) is None else None))
+    to be made (why_no_build); with `require`, a build that cannot be made is a VendorError."""
+    why = why_no_build(mode, toolchain, blocker=blocker)
     if why is None:
         return None
     if mode == "require":

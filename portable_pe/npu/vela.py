@@ -254,6 +254,15 @@ def summarize(entry: dict, accelerator: str) -> dict:
             "accelerator_config": s["accelerator_configuration"]}
 
 
+def placement(entry: dict, accelerator: str) -> dict:
+    """Where Vela put each operator of the TFLite model, in agreement.py's form: every CPU
+    operator (Vela's warning block: the op, its output tensor's name, Vela's reason)."""
+    report = (entry.get("vela") or {}).get(ACCELERATORS[accelerator]["name"]) or {}
+    cpu = [{"op": b["op"], "name": b["name"], "target": "CPU", "why": [b["reason"]]}
+           for b in report.get("cpu_fallbacks", [])]
+    return {"ops_npu": report.get("npu_ops"), "ops_cpu": report.get("cpu_ops"), "cpu_ops": cpu}
+
+
 def build_bundle_files(*, spec, seq_len: int, accelerator: str = "ethos-u85", work_dir: Path,
                        log: Callable[[str], None] = print, python: Path | None = None) -> tuple[dict[str, bytes], dict]:
     """The Ethos-U part of an `--target npu --profile ethos-u85` bundle: (files, report).
@@ -285,6 +294,7 @@ def build_bundle_files(*, spec, seq_len: int, accelerator: str = "ethos-u85", wo
     report = {"toolchain": TOOLCHAIN, "accelerator": accelerator, "seq_len": seq_len, "versions": entry["versions"],
               "vela_command": vela_report["command"], "accuracy_int8": entry["accuracy"],
               "tflite_ops": entry["tflite_ops"], "calibration_samples": entry["calibration_samples"],
+              "tflite_operators": entry["tflite_operators"], "placement": placement(entry, accelerator),
               **{k: v for k, v in summary.items() if k != "ok"}}
     files = {"model_int8.tflite": Path(entry["int8_tflite"]).read_bytes(),
              "model_vela.tflite": Path(vela_report["vela_tflite"]).read_bytes(),

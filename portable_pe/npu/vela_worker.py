@@ -85,8 +85,9 @@ def _input_name(path: Path) -> str:
 
 
 def int8_accuracy(path: Path, data, *, threads: int) -> dict:
-    """The int8 TFLite model on LiteRT's reference CPU kernels against PyTorch fp32: the
-    numbers Vela's NPU command stream reproduces (Vela keeps the TFLite int8 semantics)."""
+    """The int8 TFLite model on LiteRT's CPU kernels (the Interpreter's default op resolver,
+    its optimized kernels, not the reference ones) against PyTorch fp32: the int8 semantics
+    Vela's NPU command stream keeps (bit-exactness with the NPU is not measured here)."""
     import numpy as np
     from ai_edge_litert.interpreter import Interpreter
     interp = Interpreter(model_path=str(path), num_threads=threads)
@@ -102,19 +103,34 @@ def int8_accuracy(path: Path, data, *, threads: int) -> dict:
     r, g = ref.ravel(), got.ravel()
     return {"cosine": float(r @ g / (np.linalg.norm(r) * np.linalg.norm(g))),
             "max_abs": float(np.max(np.abs(r - g))), "max_ref": float(np.max(np.abs(r))),
-            "source": "LiteRT int8 reference kernels vs PyTorch fp32"}
+            "source": "LiteRT int8 (default op resolver) vs PyTorch fp32"}
 
 
-def tflite_ops(path: Path) -> dict:
+def tflite_operators(path: Path) -> list[dict]:
+    """Every operator of the TFLite model Vela is handed, in graph order: its builtin name,
+    its output tensor's name (what Vela's report names it by), and the dtypes and largest
+    rank of its tensors: what the profile's pre-check judges (npu/tflite_check.py)."""
     from ai_edge_litert import schema_py_generated as schema
     model = schema.ModelT.InitFromPackedBuf(path.read_bytes(), 0)
     names = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
-    counts: dict[str, int] = {}
+    dtypes = {v: k.lower() for k, v in vars(schema.TensorType).items() if not k.startswith("_")}
+    found = []
     for sub in model.subgraphs:
         for op in sub.operators:
             code = model.operatorCodes[op.opcodeIndex]
-            name = names.get(max(code.builtinCode, code.deprecatedBuiltinCode), "CUSTOM")
-            counts[name] = counts.get(name, 0) + 1
+            tensors = [sub.tensors[i] for i in [*op.inputs, *op.outputs] if i >= 0]
+            out = sub.tensors[op.outputs[0]].name if len(op.outputs) else b""
+            found.append({"op": names.get(max(code.builtinCode, code.deprecatedBuiltinCode), "CUSTOM"),
+                          "name": out.decode() if isinstance(out, bytes) else str(out),
+                          "dtypes": sorted({dtypes.get(t.type, str(t.type)) for t in tensors}),
+                          "rank": max((len(t.shape) for t in tensors if t.shape is not None), default=0)})
+    return found
+
+
+def op_counts(operators: list[dict]) -> dict:
+    counts: dict[str, int] = {}
+    for op in operators:
+        counts[op["op"]] = counts.get(op["op"], 0) + 1
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
@@ -195,7 +211,8 @@ def run_job(job: dict, *, threads: int, config: str) -> dict:
         start = time.perf_counter()
         entry["accuracy"] = int8_accuracy(Path(entry["int8_tflite"]), data, threads=threads)
         entry["accuracy_s"] = time.perf_counter() - start
-        entry["tflite_ops"] = tflite_ops(Path(entry["int8_tflite"]))
+        entry["tflite_operators"] = tflite_operators(Path(entry["int8_tflite"]))
+        entry["tflite_ops"] = op_counts(entry["tflite_operators"])
         stage = "vela"
         entry["vela"] = {acc["name"]: run_vela(Path(entry["int8_tflite"]), acc, out / acc["name"], config=config)
                          for acc in job["accelerators"]}

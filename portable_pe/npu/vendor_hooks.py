@@ -11,6 +11,10 @@ def _no_simulator(bundle, *, simulated: bool, log) -> dict:
     return {}
 
 
+def _no_blocker(state) -> str | None:
+    return None
+
+
 @dataclass(frozen=True)
 class VendorHooks:
     """What a vendor module does; a vendor with nothing to do for one keeps its default.
@@ -22,6 +26,7 @@ class VendorHooks:
     describe(vendor_report) -> str          `inspect`'s line for the manifest's "vendor" section
     vendor_graph(model) -> model | None     the ONNX the vendor is handed, when it takes ONNX
     simulator(bundle, *, simulated, log)    {candidate name: runner} for the parity report
+    blocker(state) -> str | None            why the vendor cannot take this graph at all (None: it can)
     prefix                                  the bundle folder for the vendor's files
     """
     prefix: str
@@ -30,3 +35,4 @@ class VendorHooks:
     describe: Callable[[dict], str]
     vendor_graph: Callable | None = None
     simulator: Callable = _no_simulator
+    blocker: Callable = _no_blocker

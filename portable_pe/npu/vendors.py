@@ -21,10 +21,13 @@ class Vendor:
     description: str
     guide_columns: tuple[str, ...]   # `portable-pe guide --targets npu-NAME`: one column per NPU
     module: str                      # the module holding HOOKS
-    #: True: a node the profile refuses stops the compile (the pre-check decides);
-    #: False: the vendor runs what its NPU lacks on the CPU, so the profile's refusals are a
-    #: prediction, checked against the vendor's own placement
-    precheck_decides: bool = False
+    #: The profile's check of the host ONNX graph never decides while the vendor builds: the
+    #: vendor's placement does, and the check is a prediction checked against it (a warning).
+    #: True: when no vendor build is made (toolchain missing, --vendor-build skip, a graph the
+    #: vendor cannot take), a node the profile refuses stops the compile, and the refusal names
+    #: the graph it judged; False: the vendor runs what its NPU lacks on the CPU, so a refusal
+    #: stays a prediction.
+    precheck_decides_without_build: bool = False
 
 
 VENDORS: dict[str, Vendor] = {
@@ -33,7 +36,8 @@ VENDORS: dict[str, Vendor] = {
     # U65 (npu/vela.py ACCELERATORS) is left out of the guide: at T=4096 each Vela compile
     # for the U55/U65 took 50 s, and the guide's goal is U85 and U55
     "ethos-u": Vendor("ethos-u", "Arm Ethos-U85 and U55 through Vela (PyTorch -> int8 TFLite by litert-torch)",
-                      ("ethos-u85", "ethos-u55"), "portable_pe.npu.vela_stage", precheck_decides=True),
+                      ("ethos-u85", "ethos-u55"), "portable_pe.npu.vela_stage",
+                      precheck_decides_without_build=True),
 }
 
 
