@@ -64,13 +64,14 @@ def legalize_onnx(model, state) -> Added:
                          "yet (static image sizes and the vendors' layouts are still to come); compile it for llvm, "
                          "arm or cuda")
     profile, dtype, soc = resolve_profile(state.target_options)
+    image = _static_image(model)
     seq_len = int(state.target_options["seq_len"])
     profile.check_seq_len(seq_len)
     if state.spec is not None and state.spec.max_length < seq_len:
         raise ValueError(f"--seq-len {seq_len} exceeds graph {state.name!r}'s max length {state.spec.max_length}")
-    folded, fold_report = fold_positions(model, seq_len=seq_len, batch=profile.batch)
-    state.log(f"  npu: fixed (1, {seq_len}); folded {fold_report['folded_inputs']}; "
-              f"{fold_report['nodes_before']} -> {fold_report['nodes_after']} nodes")
+    folded, fold_report = fold_positions(model, seq_len=seq_len, batch=profile.batch)  # an image's dims are fixed already
+    state.log(f"  npu: {'image ' + image['input'] + ' ' + 'x'.join(map(str, image['shape'])) + ' (--seq-len does not apply)' if image else f'fixed (1, {seq_len})'}; "
+              f"folded {fold_report['folded_inputs']}; {fold_report['nodes_before']} -> {fold_report['nodes_after']} nodes")
     before = [v for v in check_model(folded, profile) if not v.allowed]
     rewritten, rewrite_report = rewrite_for_profile(folded, profile)
     after = [v for v in check_model(rewritten, profile) if not v.allowed]
@@ -91,7 +92,7 @@ def legalize_onnx(model, state) -> Added:
     state.log(f"  npu: profile check: {cov['nodes_npu']}/{cov['nodes_total']} nodes, "
               f"{cov['macs_npu'] / 1e6:.1f}/{cov['macs_total'] / 1e6:.1f} MMACs on the NPU")
     io = describe_io(host_graph, None)  # static (1, N): the reference runs at N only
-    if io.get("static_length") != seq_len:
+    if image is None and io.get("static_length") != seq_len:
         raise ValueError(f"--seq-len {seq_len}, but the graph's input is fixed to length {io.get('static_length')} "
                          f"(by --shape or by the graph itself); pass --seq-len {io.get('static_length')}")
     files, vendor_opset, graphs = {}, None, {"onnxruntime_fp32_rewritten": rewritten}
@@ -103,7 +104,8 @@ def legalize_onnx(model, state) -> Added:
         files[hooks.prefix + "model.onnx"] = vendor_model.SerializeToString()
         vendor_opset = next(o.version for o in vendor_model.opset_import if o.domain in ("", "ai.onnx"))
         graphs["onnxruntime_vendor_graph"] = vendor_model
-    report = {"profile": profile.name, "profile_source": profile.source, "seq_len": seq_len, "dtype": dtype,
+    report = {"profile": profile.name, "profile_source": profile.source, "seq_len": None if image else seq_len,
+              "image": image, "reference_length": io.get("static_length") if image else seq_len, "dtype": dtype,
               "soc": soc, "vendor": profile.vendor, "vendor_opset": vendor_opset,
               "fold": fold_report, "rewrite": rewrite_report,
               "disallowed_before_rewrite": len(before), "disallowed_after_rewrite": len(after),
@@ -129,6 +131,21 @@ def _precheck_decides(state, profile) -> tuple[bool, str]:
     graph = (f"the host ONNX graph (model.onnx, what model.so runs; the {vendor.name} compiler, which judges the "
              f"graph it is handed, is not run: {why})")
     return vendor.precheck_decides_without_build and why is not None, graph
+
+
+def _static_image(model) -> dict | None:
+    """{"input", "shape"} of the graph's image input (a float input that reaches a Conv),
+    whose dims must be fixed (--shape) for an NPU; None for a token-sequence graph."""
+    from ..spec.pixel_inputs import image_inputs
+    for name in image_inputs(model):
+        dims = next(vi.type.tensor_type.shape.dim for vi in model.graph.input if vi.name == name)
+        shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in dims]
+        if not all(isinstance(d, int) and d > 0 for d in shape):
+            raise ValueError(f"input {name!r} is an image ({'x'.join(map(str, shape))}, it feeds a Conv), and an NPU "
+                             f"build needs its size fixed: pass --shape {name}=1x{shape[1] if isinstance(shape[1], int) else 3}xHxW "
+                             "(the resolution the NPU will run)")
+        return {"input": name, "shape": shape}
+    return None
 
 
 def _onnxruntime_accuracy(state, io, seq_len, graphs: dict) -> dict:
@@ -165,7 +182,7 @@ def finalize(state) -> Added:
     npu = state.report["npu"]
     _, part = partition(state.relax, resolve_profile(state.target_options)[0])
     result = dict(npu["accuracy"])
-    case = find_case(state.reference, npu["seq_len"])
+    case = find_case(state.reference, npu["reference_length"])
     with tempfile.TemporaryDirectory() as tmp:
         so = Path(tmp) / "model.so"
         export_library(state.executable, so, target_options=state.target_options)

@@ -132,6 +132,10 @@ def _outputs(work: Path, model: onnx.ModelProto, names: list[str]) -> list[dict[
     return result
 
 
+def _input_dims(model: onnx.ModelProto, name: str) -> list:
+    return list(next(vi for vi in model.graph.input if vi.name == name).type.tensor_type.shape.dim)
+
+
 def build(model: onnx.ModelProto, *, soc: str, dtype: str, calibration: list[dict[str, np.ndarray]],
           simulate: list[dict[str, np.ndarray]] = (), config: dict | None = None, python: Path | None = None,
           log: Callable[[str], None] = print) -> VendorBuild:
@@ -157,6 +161,10 @@ def build(model: onnx.ModelProto, *, soc: str, dtype: str, calibration: list[dic
             _write(work, {path: _npy(inputs[name])})
     request = {"model": "model.onnx", "soc": soc, "dtype": dtype, "rknn": "model.rknn",
                "dataset": "dataset.txt" if dtype == "int8" else None, "simulate": sets, "config": config or {}}
+    if any(len(_input_dims(model, name)) == 4 for name in names):
+        # the simulator takes a 4-D input as NHWC unless told ("The input(ndarray) shape
+        # (1, 3, 32, 32) is wrong, expect 'nhwc' like (1, 32, 32, 3)!"); ours are NCHW, as exported
+        request["data_format"] = ["nchw"] * len(names)
     t = time.perf_counter()
     try:
         result = run_worker(TOOLCHAIN, WORKER, request, work_dir=work, python=python, stage=TOOLCHAIN)

@@ -35,7 +35,7 @@ def build_stage(state):
         return Added(report=skipped)
     profile, dtype, soc = resolve_profile(state.target_options)
     model = onnx.ModelProto.FromString(state.files[PREFIX + "model.onnx"])
-    case = find_case(state.reference, npu["seq_len"])
+    case = find_case(state.reference, npu["reference_length"])
     calibration = [make_inputs(state.io["inputs"], length=case.length, seed=1 + i)  # quantize.py's seeds
                    for i in range(int(profile.quantization.get("calibration_samples", 8)))]
     built = build(model, soc=soc, dtype=dtype, calibration=calibration, simulate=[case.inputs], log=state.log)

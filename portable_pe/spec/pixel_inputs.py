@@ -30,28 +30,38 @@ class PixelAxis:
     least: int     # the Conv's kernel along the axis: the smallest size it takes
 
 
-def pixel_axes(model: onnx.ModelProto) -> dict[str, dict[int, PixelAxis]]:
-    """{input name: {axis: PixelAxis}} for each float input of rank 4 (N, C, H, W) or 5
-    (N, C, T, H, W) whose spatial axes are symbolic and which reaches a Conv's data operand."""
+def image_inputs(model: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
+    """{input name: the Conv it reaches} for each float input of rank 4 (N, C, H, W) or 5
+    (N, C, T, H, W) that reaches a Conv's data operand: the graph's images, sized or not."""
     inits = {i.name for i in model.graph.initializer}
     consumers: dict[str, list[onnx.NodeProto]] = {}
     for node in model.graph.node:
         for name in node.input:
             consumers.setdefault(name, []).append(node)
-    weights = {i.name: list(i.dims) for i in model.graph.initializer}
     found = {}
     for vi in model.graph.input:
         if vi.name in inits or vi.type.tensor_type.elem_type not in _FLOATS:
             continue
-        dims = vi.type.tensor_type.shape.dim
-        if len(dims) not in (4, 5) or all(d.HasField("dim_value") for d in dims[2:]):
-            continue
-        conv = _conv_of(vi.name, consumers)
-        if conv is None:
+        if len(vi.type.tensor_type.shape.dim) in (4, 5):
+            conv = _conv_of(vi.name, consumers)
+            if conv is not None:
+                found[vi.name] = conv
+    return found
+
+
+def pixel_axes(model: onnx.ModelProto) -> dict[str, dict[int, PixelAxis]]:
+    """{input name: {axis: PixelAxis}} for each image input (image_inputs) whose spatial
+    axes are symbolic."""
+    weights = {i.name: list(i.dims) for i in model.graph.initializer}
+    shapes = {vi.name: vi.type.tensor_type.shape.dim for vi in model.graph.input}
+    found = {}
+    for name, conv in image_inputs(model).items():
+        dims = shapes[name]
+        if all(d.HasField("dim_value") for d in dims[2:]):
             continue
         strides, kernel = _conv_geometry(conv, weights, len(dims) - 2)
         roles = (HEIGHT, WIDTH) if len(dims) == 4 else (FRAMES, HEIGHT, WIDTH)
-        found[vi.name] = {2 + i: PixelAxis(role, stride, k)
+        found[name] = {2 + i: PixelAxis(role, stride, k)
                           for i, (role, stride, k) in enumerate(zip(roles, strides, kernel))
                           if not dims[2 + i].HasField("dim_value")}
     return found

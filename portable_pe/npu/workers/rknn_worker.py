@@ -8,7 +8,8 @@ request.json (paths relative to the work folder):
      "dataset": "dataset.txt",             # int8: one .npy path per line, RKNN's format
      "config": {...},                      # extra RKNN.config() keywords (optional)
      "rknn": "model.rknn",                 # exported model (optional: build only)
-     "simulate": [["x.npy", ...], ...]}    # input sets for the x86 simulator (optional)
+     "simulate": [["x.npy", ...], ...],    # input sets for the x86 simulator (optional)
+     "data_format": ["nchw", ...]}          # per input, for 4-D inputs (optional; RKNN's default is nhwc)
 
 Before each step it writes progress.json ({"stage": ...}), so a crash (RKNN segfaults on
 some graphs) still tells which step died. A step the vendor refuses ends with exit 1 and
@@ -66,7 +67,8 @@ def main(request_path):
         t = time.perf_counter()
         _check(rknn.init_runtime(), "init_runtime (simulator)")
         for i, paths in enumerate(req["simulate"]):
-            outputs = rknn.inference(inputs=[np.load(p) for p in paths])
+            extra = {"data_format": req["data_format"]} if req.get("data_format") else {}
+            outputs = rknn.inference(inputs=[np.load(p) for p in paths], **extra)
             if outputs is None:
                 print("[rknn_worker] inference (simulator) returned no outputs", flush=True)
                 sys.exit(1)
