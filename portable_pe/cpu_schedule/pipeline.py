@@ -17,6 +17,7 @@ from .fast_math import CPUFastMath
 from .head_reshapes import FusableHeadReshapes
 from .int8_matmul import is_integer_matmul, schedule_int8_matmul
 from .matmul import _match_matmul, _schedule_matmul
+from .patch_stem import PatchStemAsMatmul
 from .quant_matmul import LowerQuantizedMatmul
 from .reduction import _schedule_reduction_chain
 from .small_work import SerialWhenSmall
@@ -144,6 +145,8 @@ def fusion_passes(*, fast_math: bool = True) -> list:
     """Everything before scheduling: tuning extracts its tasks after exactly these passes,
     so tuned workloads hash the same as the PrimFuncs a compile later looks up."""
     return [
+        # a vision stem (conv with stride = kernel) as the matmul it is
+        PatchStemAsMatmul,
         # dequantize -> matmul with a constant int8 weight (QDQ graphs) as an integer matmul
         LowerQuantizedMatmul(),
         # attention as one kernel (CPU targets); before fast math rewrites its softmax
