@@ -103,10 +103,11 @@ def foreign_pixel_dims(model) -> dict[str, dict]:
     dims = {}
     for name, axes in pixel_axes(model).items():
         shape = next(vi.type.tensor_type.shape.dim for vi in model.graph.input if vi.name == name)
+        roles = PIXEL_ROLES[3 - (len(shape) - 2):]  # (N, C, H, W): height, width; (N, C, T, H, W): all three
         for axis, pixel in axes.items():
             # one name on two axes (an export traced square-only): the first axis's role
             dims.setdefault(shape[axis].dim_param or f"{name}_dim{axis}", {
-                "role": pixel.role, "min": pixel.least, "max": FOREIGN_PIXEL_MAX, "multiple": pixel.patch,
+                "role": roles[axis - 2], "min": pixel.least, "max": FOREIGN_PIXEL_MAX, "multiple": pixel.patch,
                 "patch": pixel.patch})
     return dims
 

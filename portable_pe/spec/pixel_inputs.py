@@ -14,8 +14,6 @@ from dataclasses import dataclass
 
 import onnx
 
-from .io_names import FRAMES, HEIGHT, WIDTH
-
 #: ops that keep a tensor's shape (and its meaning as pixels) between the input and the Conv
 _PASS_THROUGH = {"Cast", "Identity", "Add", "Sub", "Mul", "Div", "Clip", "Relu"}
 _MAX_STEPS = 4
@@ -25,7 +23,6 @@ FOREIGN_PIXEL_MAX = 4096
 
 @dataclass(frozen=True)
 class PixelAxis:
-    role: str      # height, width or frames
     patch: int     # the Conv's stride along the axis: sizes must be multiples of it
     least: int     # the Conv's kernel along the axis: the smallest size it takes
 
@@ -60,10 +57,8 @@ def pixel_axes(model: onnx.ModelProto) -> dict[str, dict[int, PixelAxis]]:
         if all(d.HasField("dim_value") for d in dims[2:]):
             continue
         strides, kernel = _conv_geometry(conv, weights, len(dims) - 2)
-        roles = (HEIGHT, WIDTH) if len(dims) == 4 else (FRAMES, HEIGHT, WIDTH)
-        found[name] = {2 + i: PixelAxis(role, stride, k)
-                          for i, (role, stride, k) in enumerate(zip(roles, strides, kernel))
-                          if not dims[2 + i].HasField("dim_value")}
+        found[name] = {2 + i: PixelAxis(stride, k) for i, (stride, k) in enumerate(zip(strides, kernel))
+                       if not dims[2 + i].HasField("dim_value")}
     return found
 
 
