@@ -38,7 +38,7 @@ def learn_relations(model, io: dict, *, stated: tuple[DimRelation, ...] = (), lo
         unknown = sorted({relation.dim, *relation.terms} - set(io["dims"]))
         if unknown:
             raise ValueError(f"--dim-relation {relation.text}: the graph has no dim {', '.join(unknown)}; "
-                             f"its symbolic dims: {', '.join(io['dims'])}")
+                             f"expected names of its symbolic dims: {', '.join(io['dims'])}")
     if len(seq) < 2 and not stated:
         return io
     from .simplify import ort_session
