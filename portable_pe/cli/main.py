@@ -212,11 +212,13 @@ def inspect_onnx(path: Path) -> int:
 
 def _print_dim_relations(model) -> None:
     """How the input dims are tied, as the compile will learn it (onnxruntime runs the graph)."""
+    from ..compile.bf16_mul import widen_bf16_mul
     from ..compile.relation_probe import DimRelationError, learn_relations
     from ..spec.io_names import describe_io
     said = []
     try:
-        io = learn_relations(model, describe_io(model, None), log=said.append)
+        runnable, _ = widen_bf16_mul(model)  # what the compile's probe runs (onnxruntime has no bf16 Mul)
+        io = learn_relations(runnable, describe_io(runnable, None), log=said.append)
     except DimRelationError as err:
         print(f"  dims: not related: {err}")
         return

@@ -67,13 +67,18 @@ def name_dim_expressions(model: onnx.ModelProto) -> dict[str, str]:
         for dim in vi.type.tensor_type.shape.dim:
             if dim.HasField("dim_param") and not dim.dim_param.isidentifier():
                 renamed.setdefault(dim.dim_param, _identifier(dim.dim_param))
-    if not renamed:
-        return renamed
+    _rename_dims(model, renamed)
+    return renamed
+
+
+def _rename_dims(model: onnx.ModelProto, names: dict[str, str]) -> None:
+    """Each dim_param in `names` ({old: new}) renamed wherever the graph writes it."""
+    if not names:
+        return
     for vi in [*model.graph.input, *model.graph.output, *model.graph.value_info]:
         for dim in vi.type.tensor_type.shape.dim:
-            if dim.HasField("dim_param") and dim.dim_param in renamed:
-                dim.dim_param = renamed[dim.dim_param]
-    return renamed
+            if dim.HasField("dim_param") and dim.dim_param in names:
+                dim.dim_param = names[dim.dim_param]
 
 
 def _identifier(expr: str) -> str:
@@ -91,10 +96,5 @@ def tie_input_dims(model: onnx.ModelProto, relations) -> None:
     this, TVM sees unrelated dims where the graph meets them (a mask over past + T against
     the keys) and cannot match the shapes. The manifest keeps the original names, and the
     runtime checks the relation (run.local.check_inputs)."""
-    tied = {r.dim: " + ".join(d if c == 1 else f"{c}*{d}" for d, c in r.terms.items()) for r in relations}
-    if not tied:
-        return
-    for vi in [*model.graph.input, *model.graph.output, *model.graph.value_info]:
-        for dim in vi.type.tensor_type.shape.dim:
-            if dim.HasField("dim_param") and dim.dim_param in tied:
-                dim.dim_param = tied[dim.dim_param]
+    _rename_dims(model, {r.dim: " + ".join(d if c == 1 else f"{c}*{d}" for d, c in r.terms.items())
+                         for r in relations})

@@ -45,13 +45,14 @@ def learn_relations(model, io: dict, *, stated: tuple[DimRelation, ...] = (), lo
     session = ort_session(model, spin=False, quiet=True)
     relations, failure = list(stated), _failure(session, io, seq, list(stated))
     if failure is not None:
-        relations, found_failure = _search(session, io, seq, list(stated))
+        relations, found_failure = _search(session, io, seq, list(stated), failure)
         pasts = [d for d in seq if io["dims"][d].get("past")]
         if found_failure is not None and len(pasts) > 1:
             # a flat cache has one past length: exports that name each cache input's own
             # (torch.export's Dim.AUTO) need those tied before a mask over past + T can be
             equal = [DimRelation(d, {pasts[0]: 1}) for d in pasts[1:] if d not in {r.dim for r in stated}]
-            relations, found_failure = _search(session, io, seq, list(stated) + equal)
+            tied = list(stated) + equal
+            relations, found_failure = _search(session, io, seq, tied, _failure(session, io, seq, tied))
         if found_failure is None:
             for relation in relations[len(stated):]:
                 log(f"  dims: {relation.text} (the graph runs only so: at independent sizes onnxruntime says "
@@ -72,11 +73,11 @@ def learn_relations(model, io: dict, *, stated: tuple[DimRelation, ...] = (), lo
     return {**io, "dim_relations": [r.to_json() for r in relations]}
 
 
-def _search(session, io, seq, relations):
+def _search(session, io, seq, relations, failure):
     """Relations added one dim at a time (the dim in fewest inputs first) until the graph
-    runs at both size sets: (relations, None), or (relations tried, the last failure)."""
+    runs at both size sets: (relations, None), or (relations tried, the last failure).
+    `failure` is `relations`' own (_failure), which the caller has already run."""
     tied = {r.dim for r in relations}
-    failure = _failure(session, io, seq, relations)
     for dim in sorted((d for d in seq if d not in tied), key=lambda d: _inputs_with(io, d)):
         if failure is None:
             break
@@ -101,15 +102,13 @@ def _free_sizes(seq: list[str], relations, which: int) -> dict[str, int]:
 
 def _failure(session, io: dict, seq: list[str], relations) -> str | None:
     """onnxruntime's words at the first size set where the graph fails, or None."""
-    from .simplify import onnxruntime_words
+    from .simplify import run_failure
     for which in (0, 1):
         sizes = _free_sizes(seq, relations, which)
-        feeds = make_inputs(io["inputs"], dim_roles=dim_roles(io), dim_sizes=sizes, relations=relations)
-        try:
-            session.run(None, feeds)
-        except Exception as err:  # pylint: disable=broad-except  # onnxruntime's own error types
-            at = ", ".join(f"{d} = {n}" for d, n in sizes.items())
-            return f"at {at}: {onnxruntime_words(err)}"
+        words = run_failure(session, make_inputs(io["inputs"], dim_roles=dim_roles(io), dim_sizes=sizes,
+                                                 relations=relations))
+        if words is not None:
+            return f"at {', '.join(f'{d} = {n}' for d, n in sizes.items())}: {words}"
     return None
 
 
@@ -124,8 +123,5 @@ def _relation_for(session, io, seq, relations, dim) -> DimRelation | None:
 
 
 def _runs_at_one_length(session, io: dict) -> bool:
-    try:
-        session.run(None, make_inputs(io["inputs"], length=7, dim_roles=dim_roles(io)))
-        return True
-    except Exception:  # pylint: disable=broad-except
-        return False
+    from .simplify import run_failure
+    return run_failure(session, make_inputs(io["inputs"], length=7, dim_roles=dim_roles(io))) is None

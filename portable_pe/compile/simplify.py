@@ -62,13 +62,22 @@ def onnxruntime_words(err: Exception) -> str:
     return " ".join(text.split())[:240]
 
 
+def run_failure(session, feeds: dict) -> str | None:
+    """onnxruntime's words (onnxruntime_words) where `session` cannot run `feeds`, else None:
+    the probes' question, asked of the original graph before anything is trusted."""
+    try:
+        session.run(None, feeds)
+    except Exception as err:  # pylint: disable=broad-except  # onnxruntime's own error types
+        return onnxruntime_words(err)
+    return None
+
+
 def simplify_onnx(model: onnx.ModelProto, *, check_inputs: list[dict[str, np.ndarray]],
                   atol: float = 1e-4) -> tuple[onnx.ModelProto, SimplifyReport]:
     """onnxsim with its own check off; we check on the caller's seeded inputs instead
-    (several lengths), because onnxsim's random check cannot pick valid position ids."""
+    (several lengths), because onnxsim's random check cannot pick valid position ids.
+    `model` must be one onnxruntime runs (bf16_mul.widen_bf16_mul first: stage_simplify)."""
     import onnxsim
-    from .bf16_mul import widen_bf16_mul
-    model, _ = widen_bf16_mul(model)  # before anything runs it: onnxruntime has no bf16 Mul
     try:
         simplified, ok = onnxsim.simplify(model, check_n=0, skipped_optimizers=list(_SKIPPED_OPTIMIZERS))
         folded = True

@@ -61,13 +61,11 @@ def _scaled(io: dict, factor: int) -> dict:
 
 def _failure(session, io: dict, sizes: list[dict]) -> str | None:
     """onnxruntime's words at the first of `sizes` where the graph fails, or None."""
-    from .simplify import onnxruntime_words
+    from .simplify import run_failure
     for sizes_at in sizes:
-        feeds = make_inputs(io["inputs"], sizes=sizes_at, dim_roles=dim_roles(io))
-        try:
-            session.run(None, feeds)
-        except Exception as err:  # pylint: disable=broad-except  # onnxruntime's own error types
-            return f"at {size_label(sizes_at)}: {onnxruntime_words(err)}"
+        words = run_failure(session, make_inputs(io["inputs"], sizes=sizes_at, dim_roles=dim_roles(io)))
+        if words is not None:
+            return f"at {size_label(sizes_at)}: {words}"
     return None
 
 

@@ -86,13 +86,15 @@ def stage_export(st: CompileState) -> Added | None:
 
 
 def stage_simplify(st: CompileState) -> Added:
-    from .simplify import simplify_onnx
+    from .bf16_mul import widen_bf16_mul
     from .relation_probe import learn_relations
+    from .simplify import simplify_onnx
     from .size_probe import probe_pixel_sizes
-    io = describe_io(st.model, st.spec)
+    model, _ = widen_bf16_mul(st.model)  # before anything runs it: onnxruntime has no bf16 Mul
+    io = describe_io(model, st.spec)
     if st.spec is None:  # a foreign export's dims, tried before they are trusted: how they are
-        io = learn_relations(st.model, io, stated=st.request.dim_relations, log=st.log)  # tied,
-        io = probe_pixel_sizes(st.model, io, log=st.log)  # and the image sizes it runs at
+        io = learn_relations(model, io, stated=st.request.dim_relations, log=st.log)  # tied,
+        io = probe_pixel_sizes(model, io, log=st.log)  # and the image sizes it runs at
     batch = 2 if st.spec else 1
     if pixel_roles(io):  # image sizes in whole patches, not sequence lengths
         checks = [make_inputs(io["inputs"], sizes=s, batch=batch, dim_roles=dim_roles(io)) for s in default_sizes(io)[:2]]
@@ -100,7 +102,7 @@ def stage_simplify(st: CompileState) -> Added:
         lengths = usable_lengths(io, (7, 33)) or usable_lengths(io, (1,))
         checks = [make_inputs(io["inputs"], length=n, batch=batch, dim_roles=dim_roles(io),
                               relations=io.get("dim_relations")) for n in lengths]
-    model, report = simplify_onnx(st.model, check_inputs=checks)
+    model, report = simplify_onnx(model, check_inputs=checks)
     st.log(f"  simplify: {report.summary()}")
     st.dump("02-simplified.onnx", model.SerializeToString())
     return Added(model=model, io=io, report={"simplify": {
@@ -125,8 +127,7 @@ def stage_legalize(st: CompileState) -> Added:
     model, io = st.model, st.io
     if st.spec is None or st.spec.vision is not None:  # a vision graph's pixel dims: through its patch stem
         from ..legalize import dim_bounds, legalize
-        from ..spec.dims import apply_dim_bounds
-        from ..spec.dims import relations_of
+        from ..spec.dims import apply_dim_bounds, relations_of
         multiples = {d: (info["multiple"], info.get("patch", info["multiple"])) for d, info in io["dims"].items()
                      if info.get("multiple", 1) > 1}
         model = copy.deepcopy(model)

@@ -35,7 +35,7 @@ class DimEmitter:
 
     ``rw`` supplies ``fresh(base)``, ``const(array)``, ``prefix`` (a node list),
     ``cache`` (a dict), ``sym.src`` (symbol -> (input name, axis)) and ``sym.quotients``
-    (q -> dim / m: a dim known to be m * q is written in the dim itself, dim / m exact).
+    (q -> (dim, m, patch): a dim known to be m * q, written back in the dim, ``_in_dims``).
     """
 
     def __init__(self, rw):

@@ -216,14 +216,15 @@ class _Rewriter:
             axis, step = sympy.sympify(axis), sympy.sympify(step)  # the defaults are plain ints
             if not (axis.is_number and step.is_number):
                 return None
-            dim = shape[int(axis) + len(shape) if int(axis) < 0 else int(axis)]
+            axis = int(axis) + len(shape) if int(axis) < 0 else int(axis)
+            dim = shape[axis]
             if end.is_number and int(end) >= INT_BIG and int(step) > 0 and sym.followed(dim):
                 symbolic_axis |= not dim.is_number
                 # with every bound taken as in range, a start must be one: not from the end
                 # (x[:, -4:]) and not past the axis for any input
                 in_range &= start.is_number and int(start) >= 0 and _at_least(dim, start, sym.bounds)
                 end = dim
-                length = (out_shape or {}).get(int(axis) + len(shape) if int(axis) < 0 else int(axis))
+                length = out_shape.get(axis)
                 if int(step) > 1 and length is not None and sym.followed(length) and not length.is_number:
                     # the last element taken, plus one: TVM's (end - start + step - 1) // step is then
                     # the exact count in every slice (Swin's x[:, 0::2] and x[:, 1::2] both H/8),

@@ -5,9 +5,10 @@ inputs as integer symbols (``dims``: positive, a KV cache's past length nonnegat
 and records which input axis each symbol comes from.
 
 A dim known to be a multiple of m (an image side in whole patches: ``multiples``) is
-written ``m * q`` with q a positive integer symbol (``src[q]`` names the divisor), so
+written ``m * q`` with q a positive integer symbol (``quotients[q]`` = (dim, m, patch)), so
 that sympy decides what the multiple implies: Swin's window padding
-``(2 - (H // 4) % 2) % 2`` is 0 when H is a multiple of 16, and the Pad disappears.
+``(2 - (H // 4) % 2) % 2`` is 0 when H is a multiple of 16, and the Pad's pads become
+the constant 0.
 """
 
 from __future__ import annotations
@@ -41,15 +42,16 @@ _MAX_ELEMS = 64  # only small tensors are evaluated symbolically
 class _Sym:
     """Symbolic evaluation state for one graph."""
 
-    def __init__(self, graph: onnx.GraphProto, multiples: dict[str, int] | None = None):
+    def __init__(self, graph: onnx.GraphProto, multiples: dict[str, int | tuple[int, int]] | None = None):
         self.graph = graph
         self.val: dict[str, np.ndarray] = {}  # object arrays of sympy exprs
         self.isint: dict[str, bool] = {}
         self.shape: dict[str, list | None] = {}
         self.elem: dict[str, int] = {}
         self.src: dict[sympy.Symbol, tuple[str, int]] = {}  # symbol -> (graph input, axis)
-        # q -> (dim, m) for a dim written m * q (``multiples``); dim programs are written in the dim
-        self.quotients: dict[sympy.Symbol, tuple[sympy.Symbol, int, int]] = {}  # q -> (dim, m, patch)
+        # q -> (dim, m, patch) for a dim written m * q (``multiples``); dim programs are
+        # written back in the dim's patch grid (dimexpr.DimEmitter._in_dims)
+        self.quotients: dict[sympy.Symbol, tuple[sympy.Symbol, int, int]] = {}
         # a dim or a sum of dims -> the largest value the graph runs at (``bounds``)
         self.bounds: dict[sympy.Expr, int] = {}
 
