@@ -16,7 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from portable_pe.cpu_schedule import int8_isa as isa_module
-from portable_pe.cpu_schedule.int8_isa import ISAS, Int8Isa
+from portable_pe.cpu_schedule.int8_isa import ISAS, DotIsa
 from portable_pe.run.parity import TOLERANCES, check_bundle
 
 from conftest import TINY_SPEC
@@ -74,9 +74,9 @@ def _build(model, target):
     return tvm.compile(import_onnx(model), target=target, relax_pipeline=cpu_pipeline(target))
 
 
-def _plain(a_dtype: str) -> Int8Isa:
+def _plain(a_dtype: str) -> DotIsa:
     """The uint8 (VNNI) or int8 (sdot) operand layout without the instruction: plain TIR."""
-    return Int8Isa(f"plain-{a_dtype}", a_dtype, "int8", 8, 4, None, 4, 2)
+    return DotIsa(f"plain-{a_dtype}", a_dtype, "int8", 8, 4, None, 4, 2)
 
 
 @pytest.mark.parametrize("variant", ["host", "uint8", "int8"])

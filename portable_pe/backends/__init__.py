@@ -6,7 +6,8 @@ default, so callers never look a hook up with getattr, and nothing outside a bac
 branches on its kind:
 
     tvm_target(spec, **options)      -> tvm.target.Target   (options: the target's TOML options)
-    relax_pipeline(target)           -> the Relax pipeline tvm.compile runs
+    relax_pipeline(target, precision) -> the Relax pipeline tvm.compile runs (precision: quant.PRECISIONS)
+    for_precision(target, spec, precision) -> tvm.target.Target  the target a precision builds for, or an error
     legalize_onnx(model, state)      -> Added               target rewrites before the import
     vendor_build(state)              -> Added               a vendor compiler's build (npu)
     finalize(state)                  -> Added               checks that need the build

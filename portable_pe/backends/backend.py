@@ -38,6 +38,11 @@ def _cpu_fusion_passes(target) -> list:
     return fusion_passes()
 
 
+def _any_target(target, spec, precision: str):
+    """Every precision a backend lists builds for its target as it is."""
+    return target
+
+
 def _compile(mod, target):
     import tvm
     return tvm.compile(mod, target=target)
@@ -53,6 +58,7 @@ class Backend:
     finalize: Callable = _nothing
     export_library: Callable = export_here
     precisions: tuple[str, ...] = ("fp32",)
+    for_precision: Callable = _any_target
     runs_here: bool = False
     tuning_variant: Callable = _one_database
     check_tunable: Callable = needs_core_count

@@ -43,7 +43,7 @@ def fusion_passes(target) -> list:
     return [*_tvm_cuda().library_dispatch_passes(target), *_tvm_legalize(target)[0]]
 
 
-def relax_pipeline(target):
+def relax_pipeline(target, precision: str = "fp32"):
     """TVM's CUDA pipeline with the tuning database applied before its dlight GPU rules
     (Matmul, GEMV, Reduction, GeneralReduction, Fallback), which then schedule every
     kernel the database has nothing for, so every loop is bound to blocks/threads. An

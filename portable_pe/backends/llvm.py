@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import tvm
 
@@ -28,13 +29,67 @@ def with_reassociation(target: tvm.target.Target) -> tvm.target.Target:
     return tvm.target.Target({**target.export(), "fast-math-reassoc": True})
 
 
-def relax_pipeline(target):
+def relax_pipeline(target, precision: str = "fp32"):
     # TVM's stock CPU pipeline schedules nothing (serial, scalar loops): ours adds
     # parallel, vectorized, tiled schedules for every kernel.
     from ..cpu_schedule import cpu_pipeline
-    return cpu_pipeline(target)
+    return cpu_pipeline(target, precision=precision)
+
+
+#: /proc/cpuinfo flags -> the LLVM features they are (what bf16 kernels need, bf16_isa)
+_HOST_FLAGS = {"avx512_bf16": "avx512bf16", "amx_tile": "amx-tile", "amx_bf16": "amx-bf16"}
+
+
+def host_features(cpu: str) -> list[str]:
+    """LLVM features this machine's CPU reports that LLVM's model of `cpu` lacks.
+
+    LLVM names the host CPU by its family and model number; a virtual machine often
+    shows a model number of an older part (this AMX-capable Xeon reads as "rocketlake",
+    whose LLVM model has neither AVX512-BF16 nor AMX), while the flags the kernel reports
+    are the CPU's own."""
+    from tvm.target.codegen import llvm_get_cpu_features
+    try:
+        flags = next(line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                     if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return []
+    known = set(llvm_get_cpu_features(tvm.target.Target({"kind": "llvm", "mcpu": cpu})))
+    found = [_HOST_FLAGS[f] for f in flags if f in _HOST_FLAGS and _HOST_FLAGS[f] not in known]
+    if "amx-tile" in found and not _amx_permitted():
+        found = [f for f in found if not f.startswith("amx")]
+    return found
+
+
+def _amx_permitted() -> bool:
+    """Whether Linux gives this process AMX's tile data (arch_prctl ARCH_REQ_XCOMP_PERM,
+    which the AMX kernel asks for on its first call): a kernel that refuses it would
+    make every tile instruction fault."""
+    import ctypes
+    try:
+        return ctypes.CDLL(None, use_errno=True).syscall(158, 0x1023, 18) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def for_precision(target: tvm.target.Target, spec, precision: str) -> tvm.target.Target:
+    """bf16 needs AMX-BF16 or AVX512-BF16: the host's, when the target is the host CPU."""
+    if precision != "bf16":
+        return target
+    from ..cpu_schedule.bf16_isa import KERNEL_FEATURES, bf16_kernel
+    if spec.tvm.get("mcpu") == "host":
+        extra = host_features(str(target.attrs["mcpu"]))
+        if extra:
+            config = dict(target.export())
+            config["mattr"] = [*config.get("mattr", []), *(f"+{f}" for f in extra)]
+            target = tvm.target.Target(config)
+    if bf16_kernel(target) is None:
+        wanted = " or ".join("+".join(f) for f in KERNEL_FEATURES.values())
+        raise ValueError(f"--precision bf16 needs an x86 CPU with {wanted} (AMX tdpbf16ps or AVX-512 vdpbf16ps); "
+                         f"target {spec.name!r} ({target.attrs.get('mcpu', 'generic')}) has neither: build fp32 "
+                         f"(the default) or --precision int8")
+    return target
 
 
 BACKEND = Backend(name="llvm", tvm_target=tvm_target, relax_pipeline=relax_pipeline,
-                  precisions=("fp32", "int8"),  # quant.PRECISIONS it builds; the first is the default
-                  runs_here=True)
+                  precisions=("fp32", "int8", "bf16"),  # quant.PRECISIONS it builds; the first is the default
+                  for_precision=for_precision, runs_here=True)

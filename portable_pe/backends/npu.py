@@ -41,10 +41,10 @@ def tvm_target(spec, *, host, **_options):
     return backend.tvm_target(spec if host == "llvm" else host_spec)
 
 
-def relax_pipeline(target):
+def relax_pipeline(target, precision: str = "fp32"):
     # the host CPU pipeline (arm's is llvm's): its int8 lowering (cpu_schedule.quant_matmul)
     # runs the QDQ matmuls as integer kernels instead of float matmuls on dequantized copies
-    return llvm.BACKEND.relax_pipeline(target)
+    return llvm.BACKEND.relax_pipeline(target, precision=precision)
 
 
 def export_library(executable, path, *, target_options: dict | None = None) -> None:

@@ -2,7 +2,7 @@
 
 An engine is built once per bench (``make(ctx)``), then per cell ``prepare(inputs)``
 gives ``(run, fetch)``: run() is what gets timed, fetch(result) turns its result into
-numpy. ``ctx`` holds the bundles (``bundle``: float32, ``tuned``, ``int8``), the thread
+numpy. ``ctx`` holds the bundles (``bundle``: float32, ``tuned``, ``int8``, ``bf16``), the thread
 count and the pool mode:
 
 * ``default``: every engine's own defaults at an equal thread count: onnxruntime spins
@@ -24,6 +24,7 @@ from ..spec.io_names import HIDDEN
 
 NO_TUNING = "n/a (no tuning database)"
 NO_INT8 = "n/a (no int8 bundle)"
+NO_BF16 = "n/a (no bf16 bundle)"
 POOLS = ("default", "passive")
 
 
@@ -50,7 +51,7 @@ def torch_engine(ctx: dict, *, compiled: bool):
 def _bundle(ctx: dict, key: str):
     bundle = ctx.get(key)
     if bundle is None:
-        raise LookupError(NO_TUNING if key == "tuned" else NO_INT8)
+        raise LookupError({"tuned": NO_TUNING, "int8": NO_INT8}.get(key) or ctx.get("bf16_missing") or NO_BF16)
     return bundle
 
 
@@ -137,12 +138,15 @@ ENGINES = {
     "onnxruntime-int8": lambda ctx: ort_engine(ctx, bundle="int8"),
     "openvino-int8": lambda ctx: openvino_engine(ctx, bundle="int8"),
     "tvm-int8": lambda ctx: tvm_engine(ctx, bundle="int8"),
+    "tvm-bf16": lambda ctx: tvm_engine(ctx, bundle="bf16"),
 }
 
 #: engines that run the int8 bundle; each table's ratios are to its peer
 INT8_ENGINES = ("onnxruntime-int8", "openvino-int8", "tvm-int8")
-PEERS = {"fp32": "onnxruntime", "int8": "onnxruntime-int8"}
+#: the bf16 bundle's engine; its peer is OpenVINO at its default (bf16 compute on bf16 CPUs)
+BF16_ENGINES = ("tvm-bf16",)
+PEERS = {"fp32": "onnxruntime", "int8": "onnxruntime-int8", "bf16": "openvino"}
 
 
 def precision_of(engine: str) -> str:
-    return "int8" if engine in INT8_ENGINES else "fp32"
+    return "int8" if engine in INT8_ENGINES else "bf16" if engine in BF16_ENGINES else "fp32"

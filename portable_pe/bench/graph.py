@@ -124,7 +124,8 @@ def _why(err: Exception) -> str:
 # ----------------------------------------------------------------------------- the bench
 def bench_graph(graph: str, *, settings: Settings = Settings(), tuned: str | Path | None = None,
                 bundle: str | Path | None = None, int8_bundle: str | Path | None = None,
-                out: str | Path | None = None, log: Callable[[str], None] = print) -> BenchResult:
+                bf16_bundle: str | Path | None = None, out: str | Path | None = None,
+                log: Callable[[str], None] = print) -> BenchResult:
     """Time every engine of `settings.engines` on `graph` at each (batch, length).
 
     `bundle`: an untuned llvm bundle of the graph to reuse (default: compile one into `out`,
@@ -133,6 +134,8 @@ def bench_graph(graph: str, *, settings: Settings = Settings(), tuned: str | Pat
     graph has a tuning database under targets/tuning/llvm/, else the column reads n/a).
     `int8_bundle`: an llvm --precision int8 bundle for the int8 engines (default: compile
     one when an int8 engine is asked for).
+    `bf16_bundle`: an llvm --precision bf16 bundle for "tvm-bf16" (default: compile one when
+    it is asked for; on a CPU without bf16 instructions the column says why it is empty).
     `out`: where bench.json, bench.md and bench.png go (nothing written when None).
     """
     from ..bundle.artifact import load_bundle
@@ -149,7 +152,10 @@ def bench_graph(graph: str, *, settings: Settings = Settings(), tuned: str | Pat
     tuned_bundle = load_bundle(tuned) if tuned else None
     wants_int8 = any(precision_of(e) == "int8" for e in settings.engines)
     int8 = load_bundle(int8_bundle) if int8_bundle else _compile(graph, out, "llvm-int8", log) if wants_int8 else None
-    for kind, other in (("--tuned", tuned_bundle), ("--int8-bundle", int8)):
+    wants_bf16 = any(precision_of(e) == "bf16" for e in settings.engines)
+    bf16, bf16_missing = (load_bundle(bf16_bundle), None) if bf16_bundle else \
+        _compile_bf16(graph, out, log) if wants_bf16 else (None, None)
+    for kind, other in (("--tuned", tuned_bundle), ("--int8-bundle", int8), ("--bf16-bundle", bf16)):
         if other is not None and other.name != bundle.name:
             raise ValueError(f"{kind} bundle {other.path} is for graph {other.name!r}, not {bundle.name!r}")
     manifest = bundle.manifest
@@ -164,6 +170,7 @@ def bench_graph(graph: str, *, settings: Settings = Settings(), tuned: str | Pat
            "cpu": _cpu_name(), "cpu_count": os.cpu_count(), "threads": threads,
            "untuned_bundle": str(bundle.path), "tuned_bundle": str(tuned_bundle.path) if tuned_bundle else None,
            "int8_bundle": str(int8.path) if int8 else None,
+           "bf16_bundle": str(bf16.path) if bf16 else None,
            "tuning_database": tuned_bundle.manifest.get("tuning", {}).get("database") if tuned_bundle else None,
            "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
            "versions": {**manifest["versions"], **_peer_versions()}}
@@ -175,7 +182,8 @@ def bench_graph(graph: str, *, settings: Settings = Settings(), tuned: str | Pat
         f"tuned: {tuned_bundle.path if tuned_bundle else NO_TUNING}; int8: {int8.path if int8 else NO_INT8}; "
         f"load average {env['load_average']}")
 
-    ctx = {"bundle": bundle, "tuned": tuned_bundle, "int8": int8, "threads": settings.threads, "pool": settings.pool}
+    ctx = {"bundle": bundle, "tuned": tuned_bundle, "int8": int8, "bf16": bf16, "bf16_missing": bf16_missing,
+           "threads": settings.threads, "pool": settings.pool}
     engines, broken = {}, {}
     for name, make in ENGINES.items():
         if name not in settings.engines:
@@ -184,7 +192,8 @@ def bench_graph(graph: str, *, settings: Settings = Settings(), tuned: str | Pat
             engines[name] = make(ctx)
         except Exception as err:  # a missing engine is a table cell, not a crash
             broken[name] = _why(err)
-    tolerances = {"fp32": manifest.get("tolerance"), "int8": int8.manifest.get("tolerance") if int8 else None}
+    tolerances = {"fp32": manifest.get("tolerance"), "int8": int8.manifest.get("tolerance") if int8 else None,
+                  "bf16": bf16.manifest.get("tolerance") if bf16 else None}
     env["compute_precision"] = ctx.get("compute_precision", {})
     for name, precision in env["compute_precision"].items():
         if precision in ("bf16", "f16") and precision_of(name) == "fp32":
@@ -206,14 +215,25 @@ def bench_graph(graph: str, *, settings: Settings = Settings(), tuned: str | Pat
 
 
 def _compile(graph: str, out: Path | None, flavour: str, log, *, tuning: bool = True):
-    """The bench's own llvm bundle: "llvm" (untuned), "llvm-tuned" or "llvm-int8"."""
+    """The bench's own llvm bundle: "llvm" (untuned), "llvm-tuned", "llvm-int8" or "llvm-bf16"."""
     from ..compile.pipeline import compile_graph
     dest = (out or Path("dist")) / f"{Path(graph).stem}-{flavour}"
     what = {"llvm": "untuned: default llvm schedules, no tuning database", "llvm-tuned": "with its tuning database",
-            "llvm-int8": "--precision int8"}[flavour]
+            "llvm-int8": "--precision int8", "llvm-bf16": "--precision bf16"}[flavour]
     log(f"compiling {graph} ({what}) -> {dest}")
     return compile_graph(graph, target="llvm", out=dest, tuning=tuning, log=lambda m: None,
-                         precision="int8" if flavour == "llvm-int8" else None)
+                         precision={"llvm-int8": "int8", "llvm-bf16": "bf16"}.get(flavour))
+
+
+def _compile_bf16(graph: str, out: Path | None, log):
+    """(the bf16 bundle, None), or (None, why not) on a CPU without bf16 instructions."""
+    try:
+        return _compile(graph, out, "llvm-bf16", log), None
+    except ValueError as err:
+        if "--precision bf16 needs" not in str(err):
+            raise
+        log(f"no bf16 bundle: {err}")
+        return None, f"n/a ({err})"
 
 
 def _cpu_name() -> str:

@@ -81,6 +81,16 @@ class BenchResult:
             parts.append(self._table(f"### bench: {self.graph}, int8, {head}; median ms ± IQR (latency / {PEERS['int8']})",
                                      int8, extra, lambda b, t: [_ratio(self.cell("tvm-int8", b, t), self.cell("tvm", b, t))]))
             parts.append(self._accuracy_table(int8))
+        bf16 = self.engines("bf16")
+        if bf16:
+            ran = self.settings.get("engines", ())
+            shown = bf16 + [e for e in ("openvino", "openvino-f32", "tvm") if e in ran]
+            extra = [f"tvm-bf16 / {e}" for e in ("openvino", "openvino-f32", "tvm") if e in ran]
+            parts.append(self._table(f"### bench: {self.graph}, bf16, {head}; median ms ± IQR (latency / {PEERS['bf16']}, "
+                                     "its default: bf16 compute on this CPU)", shown, extra,
+                                     lambda b, t: [_ratio(self.cell("tvm-bf16", b, t), self.cell(e[len("tvm-bf16 / "):], b, t))
+                                                   for e in extra]))
+            parts.append(self._accuracy_table(bf16 + [e for e in ("openvino",) if e in ran], what="bf16"))
         lowered = {e: p for e, p in self.environment.get("compute_precision", {}).items() if p not in ("f32", "fp32")}
         if lowered:
             parts.append("Computed below float32 at the engine's defaults on this CPU: " +
@@ -109,8 +119,8 @@ class BenchResult:
         return (["tvm / best(onnxruntime, openvino)"] if {"tvm", "onnxruntime", "openvino"} <= engines else []) + \
             (["tvm / best(onnxruntime, openvino-f32)"] if {"tvm", "onnxruntime", "openvino-f32"} <= engines else [])
 
-    def _accuracy_table(self, engines) -> str:
-        lines = ["int8 accuracy against PyTorch float32: cosine (max abs error)", "",
+    def _accuracy_table(self, engines, what: str = "int8") -> str:
+        lines = [f"{what} accuracy against PyTorch float32: cosine (max abs error)", "",
                  "| B | T | " + " | ".join(engines) + " |", "|---:|---:|" + "---|" * len(engines)]
         for b, t in self._rows():
             row = []

@@ -306,7 +306,8 @@ def cmd_bench(args) -> int:
     output_folder(args.out if args.out is not None else out, option="--out", files=("bench.json", "bench.md", "bench.png"))
     _bench_precheck(args, settings)
     result = bench_graph(args.graph, settings=settings, tuned=args.tuned, bundle=args.bundle,
-                         int8_bundle=args.int8_bundle, out=out, log=lambda m: print(m, flush=True))
+                         int8_bundle=args.int8_bundle, bf16_bundle=args.bf16_bundle, out=out,
+                         log=lambda m: print(m, flush=True))
     print(result.to_markdown())
     print(f"(wrote {out / 'bench.json'}, bench.md and bench.png)")
     return 0 if all(c.ok is not False for c in result.cells) else 1
@@ -320,7 +321,8 @@ def _bench_precheck(args, settings) -> None:
     unknown = sorted(set(settings.engines) - set(ENGINES))
     if unknown:
         raise ValueError(f"--engines: unknown engine(s) {', '.join(unknown)}; valid: {', '.join(ENGINES)}")
-    bundles = [load_bundle(path) for path in (args.bundle, args.tuned, args.int8_bundle) if path is not None]
+    bundles = [load_bundle(path) for path in (args.bundle, args.tuned, args.int8_bundle, args.bf16_bundle)
+               if path is not None]
     for bundle in bundles:
         check_request(bundle.manifest, lengths=settings.lengths, batch=max(settings.batches))
     if not bundles and Path(args.graph).suffix != ".onnx":

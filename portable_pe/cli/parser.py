@@ -16,7 +16,7 @@ DESCRIPTION = ("portable-pe: compile Transformer encoders with swappable positio
 EXPORTER_CHOICES = ("torchscript", "dynamo")
 #: bench_engines.ENGINES and POOLS, spelled out for the same reason (a test keeps them the same)
 BENCH_ENGINES = ("torch", "torch.compile", "onnxruntime", "openvino", "openvino-f32", "tvm", "tvm-tuned",
-                 "onnxruntime-int8", "openvino-int8", "tvm-int8")
+                 "onnxruntime-int8", "openvino-int8", "tvm-int8", "tvm-bf16")
 BENCH_POOLS = ("default", "passive")
 
 
@@ -247,6 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "timed in alternating blocks; passive: idle workers sleep (a machine shared with other work)")
     p.add_argument("--tuned", metavar="BUNDLE", help="a tuned llvm bundle for the 'tvm-tuned' column")
     p.add_argument("--int8-bundle", metavar="BUNDLE", help="an llvm --precision int8 bundle for the int8 columns")
+    p.add_argument("--bf16-bundle", metavar="BUNDLE", help="an llvm --precision bf16 bundle for the 'tvm-bf16' column")
     p.add_argument("--bundle", metavar="BUNDLE", help="reuse this untuned llvm bundle instead of compiling one")
     p.add_argument("--out", help="folder for bench.json/.md/.png and the compiled bundle "
                                             "(default dist/bench-<graph>)")

@@ -53,6 +53,8 @@ def _check_option(target: TargetSpec, name: str, value) -> None:
 
 def stage_target(st: CompileState) -> Added:
     options, tvm_target = resolve_target(st.target, st.request.target_options)
+    # a precision the target's CPU lacks the instructions for fails here, before the export
+    tvm_target = get_backend(st.target.backend).for_precision(tvm_target, st.target, st.request.precision)
     st.log(f"  target: {json.dumps(target_json(tvm_target))}")
     return Added(target_options=options, tvm_target=tvm_target)
 
@@ -229,9 +231,10 @@ def stage_vendor(st: CompileState) -> Added:
 def stage_build(st: CompileState) -> Added:
     import tvm
     backend = get_backend(st.target.backend)
-    pipeline = backend.relax_pipeline(st.tvm_target)
+    pipeline = backend.relax_pipeline(st.tvm_target, precision=st.request.precision)
+    report = _bf16_report(st) if st.request.precision == "bf16" else {}
     if not st.tuning.get("specializations"):
-        return Added(executable=tvm.compile(st.relax, target=st.tvm_target, relax_pipeline=pipeline))
+        return Added(executable=tvm.compile(st.relax, target=st.tvm_target, relax_pipeline=pipeline), report=report)
     from ..tune.database import as_main, coverage, open_database
     database = open_database(ROOT / st.tuning["database"])
     entries = []
@@ -243,6 +246,15 @@ def stage_build(st: CompileState) -> Added:
     with database:
         executable = tvm.compile(st.relax, target=st.tvm_target, relax_pipeline=pipeline)
     return Added(executable=executable, tuning={**st.tuning, "specializations": entries})
+
+
+def _bf16_report(st: CompileState) -> dict:
+    """The manifest's "bf16" section: the kernel, and which matmuls run in bf16."""
+    from ..cpu_schedule.bf16_linear import bf16_plan
+    plan = bf16_plan(st.relax, st.tvm_target)
+    st.log(f"  bf16: {plan['matmuls_bf16']} matmul(s) with constant weights in bf16 ({plan['kernel']}), "
+           f"{plan['matmuls_float32']} kept float32 (shape)")
+    return {"bf16": plan}
 
 
 def stage_finalize(st: CompileState) -> Added:

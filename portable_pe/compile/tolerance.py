@@ -6,6 +6,7 @@ precision's row of parity.TOLERANCES, the one with the largest error wins:
 
     npu (report "npu")              its NPU dtype's row: "int8", or "float16"
     --precision int8 ("quantization")  "int8_linear": the constant-weight matmuls in int8
+    --precision bf16 ("bf16")       "bf16_linear": the constant-weight matmuls in bf16
     --pe-tables int8 ("pe_tables")  "int8_tables", when the encoding stores tables
     otherwise                       "float32"
 
@@ -23,6 +24,8 @@ def float32_row(report: dict) -> str:
         return "int8" if report["npu"]["dtype"] == "int8" else "float16"
     if "quantization" in report:
         return "int8_linear"
+    if "bf16" in report:
+        return "bf16_linear"
     if report.get("pe_tables", {}).get("tables"):
         return "int8_tables"
     return "float32"

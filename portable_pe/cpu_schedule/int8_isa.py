@@ -38,7 +38,8 @@ from tvm.script import tirx as T
 
 
 @dataclass(frozen=True)
-class Int8Isa:
+class DotIsa:
+    """A dot-product micro-kernel's instruction: the int8 ones here, bf16's in bf16_isa."""
     name: str
     a_dtype: str        # the activation operand in the kernel
     w_dtype: str        # the weight operand (packed [N/NJ, K/KG, NJ, KG])
@@ -48,6 +49,7 @@ class Int8Isa:
     tile_rows: int      # MI: rows of the register tile ...
     tile_vectors: int   # ... by this many vectors of LANES int32 (fits the SIMD register file)
     rows: int = 1       # tile rows one instruction covers (smmla: 2)
+    llvm_ir: str | None = None  # LLVM IR the intrinsic calls (imported into each kernel using it)
 
 
 def _features(target) -> set[str]:
@@ -58,7 +60,7 @@ def _features(target) -> set[str]:
         return set()
 
 
-def int8_isa(target) -> Int8Isa:
+def int8_isa(target) -> DotIsa:
     """The best integer dot product `target` has (by its LLVM CPU features)."""
     features = _features(target)
     triple = str(target.attrs.get("mtriple", "")) if target is not None else ""
@@ -195,14 +197,14 @@ _SDOT = _register("portable_pe_sdot_4x4", "int8", "int8", 4, 4, "llvm.aarch64.ne
 # and, where the instruction does not accumulate, NV products in flight; the int32 tile
 # stays under 1 KiB (matmul._STACK_ARRAY_LIMIT_BYTES) so it is a stack array LLVM keeps
 # in registers.
-ISAS: dict[str, Int8Isa] = {
-    "avx512-vnni": Int8Isa("avx512-vnni", "uint8", "int8", 16, 4, _VNNI512, 7, 2),
-    "avx-vnni": Int8Isa("avx-vnni", "uint8", "int8", 8, 4, _VNNI256, 6, 2),
-    "avx512bw": Int8Isa("avx512bw", "int16", "int16", 16, 2, _PMADDWD512, 7, 2),
-    "avx2": Int8Isa("avx2", "int16", "int16", 8, 2, _PMADDWD256, 5, 2),
+ISAS: dict[str, DotIsa] = {
+    "avx512-vnni": DotIsa("avx512-vnni", "uint8", "int8", 16, 4, _VNNI512, 7, 2),
+    "avx-vnni": DotIsa("avx-vnni", "uint8", "int8", 8, 4, _VNNI256, 6, 2),
+    "avx512bw": DotIsa("avx512bw", "int16", "int16", 16, 2, _PMADDWD512, 7, 2),
+    "avx2": DotIsa("avx2", "int16", "int16", 8, 2, _PMADDWD256, 5, 2),
     # smmla: 2 x 2 per instruction; an 8 x 8 tile is 16 accumulators, 4 weight and 4 row vectors
-    "neon-i8mm": Int8Isa("neon-i8mm", "int8", "int8", 2, 8, _SMMLA, 8, 4, rows=2),
-    "neon-dotprod": Int8Isa("neon-dotprod", "int8", "int8", 4, 4, _SDOT, 6, 4),
-    "neon": Int8Isa("neon", "int16", "int16", 4, 1, None, 6, 4),
-    "generic": Int8Isa("generic", "int16", "int16", 4, 1, None, 4, 2),
+    "neon-i8mm": DotIsa("neon-i8mm", "int8", "int8", 2, 8, _SMMLA, 8, 4, rows=2),
+    "neon-dotprod": DotIsa("neon-dotprod", "int8", "int8", 4, 4, _SDOT, 6, 4),
+    "neon": DotIsa("neon", "int16", "int16", 4, 1, None, 6, 4),
+    "generic": DotIsa("generic", "int16", "int16", 4, 1, None, 4, 2),
 }

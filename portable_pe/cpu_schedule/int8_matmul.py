@@ -45,7 +45,12 @@ def is_integer_matmul(sch, mm_block) -> bool:
 def schedule_int8_matmul(sch, mm_block, other_blocks, target) -> bool:
     """Schedule an integer matmul with a constant weight; False (schedule untouched)
     when its shape does not fit the target's kernel (the float rule then takes it)."""
-    isa = int8_isa(target)
+    return schedule_dot_matmul(sch, mm_block, other_blocks, int8_isa(target))
+
+
+def schedule_dot_matmul(sch, mm_block, other_blocks, isa) -> bool:
+    """The register-tiled micro-kernel around `isa`'s dot product instruction (an int8
+    one, or bf16_isa.AVX512_BF16); False (schedule untouched) when the shape does not fit."""
     loops = sch.get_loops(mm_block)
     if len(loops) != len(sch.get(mm_block).iter_vars):
         return False
@@ -79,6 +84,7 @@ def schedule_int8_matmul(sch, mm_block, other_blocks, target) -> bool:
         if inner:
             _vectorize_inner(sch, inner[-1], isa.lanes)
     _parallel_outer(sch, list(batch) + [io])
+    outermost = sch.get_loops(mm_block)[0]
     init = sch.decompose_reduction(mm_block, ko)
     *_, init_jv, init_ir, init_ji = sch.get_loops(init)
     sch.reorder(init_ir, init_jv)
@@ -89,6 +95,8 @@ def schedule_int8_matmul(sch, mm_block, other_blocks, target) -> bool:
         sch.vectorize(ji)
     sch.unroll(ii)
     sch.unroll(jv)
+    if isa.llvm_ir is not None:  # the instruction's wrapper, linked into this kernel's module
+        sch.annotate(outermost, "pragma_import_llvm", isa.llvm_ir)
     return True
 
 

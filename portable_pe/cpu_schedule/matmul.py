@@ -58,11 +58,7 @@ def _match_matmul(sch, block):
         rhs = rhs.value
     if _node(rhs) != "Mul":
         return None
-    a, b = rhs.a, rhs.b
-    while _node(a) == "Cast":
-        a = a.value
-    while _node(b) == "Cast":
-        b = b.value
+    a, b = _widened_load(rhs.a), _widened_load(rhs.b)
     if not (_is_load(a) and _is_load(b)):
         return None
     ivars = [iv.var for iv in stmt.iter_vars]
@@ -92,6 +88,20 @@ def _match_matmul(sch, block):
     else:
         return None
     return spatial[:-2], i, j, k
+
+
+def _widened_load(expr):
+    """The load under the widening of a matmul operand: casts (int8 -> int32), and the
+    reinterpretation of a bf16 bit pattern as float32 (bf16_isa.widen)."""
+    while True:
+        if _node(expr) == "Cast":
+            expr = expr.value
+        elif _node(expr) == "Call" and getattr(expr.op, "name", "") == "tirx.reinterpret":
+            expr = expr.args[0]
+        elif _node(expr) == "LShift":
+            expr = expr.a
+        else:
+            return expr
 
 
 # TVM lowers a constant-size "global" buffer to a stack array only when it is under
@@ -172,7 +182,8 @@ def _pack_constant_weight(sch, mm_block, j_var, nj: int, *, kg: int = 1) -> bool
 
 
 def _loads_of(expr, buffer):
-    """Loads of ``buffer`` in a matmul update expression (Add/Mul/Cast of loads)."""
+    """Loads of ``buffer`` in a matmul update expression (Add/Mul/Cast/shift of loads, and
+    the reinterpret call of a bf16 operand)."""
     if _is_load(expr):
         if _load_buffer(expr).same_as(buffer):
             yield expr
@@ -180,6 +191,9 @@ def _loads_of(expr, buffer):
     for child in ("a", "b", "value"):
         if hasattr(expr, child):
             yield from _loads_of(getattr(expr, child), buffer)
+    if _node(expr) == "Call":
+        for arg in expr.args:
+            yield from _loads_of(arg, buffer)
 
 
 def _pad_to_tiles(sch, mm_block, other_blocks, padding: list[int], lanes: int):

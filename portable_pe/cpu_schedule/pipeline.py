@@ -13,6 +13,8 @@ from tvm import relax, s_tir, tirx
 from tvm.ir import IRModule
 
 from .attention import FuseAttention
+from .bf16_linear import LowerBF16Linear
+from .bf16_matmul import is_bf16_matmul, schedule_bf16_matmul
 from .fast_math import CPUFastMath
 from .head_reshapes import FusableHeadReshapes
 from .int8_matmul import is_integer_matmul, schedule_int8_matmul
@@ -58,6 +60,8 @@ def schedule_prim_func(func: tirx.PrimFunc, target) -> tirx.PrimFunc | None:
         for blk in prologue:
             _schedule_spatial_block(sch, blk, lanes)
         if is_integer_matmul(sch, mm_block) and schedule_int8_matmul(sch, mm_block, epilogue, target):
+            return sch.mod["main"]
+        if is_bf16_matmul(sch, mm_block) and schedule_bf16_matmul(sch, mm_block, epilogue, target):
             return sch.mod["main"]
         if _schedule_matmul(sch, mm_block, epilogue, target):
             return sch.mod["main"]
@@ -141,14 +145,16 @@ def cpu_schedule_passes(target: "tvm.target.Target") -> list:
     return [CPUDefaultSchedule(target)]
 
 
-def fusion_passes(*, fast_math: bool = True) -> list:
+def fusion_passes(*, fast_math: bool = True, precision: str = "fp32") -> list:
     """Everything before scheduling: tuning extracts its tasks after exactly these passes,
-    so tuned workloads hash the same as the PrimFuncs a compile later looks up."""
+    so tuned workloads hash the same as the PrimFuncs a compile later looks up.
+    `precision` "bf16": the constant-weight matmuls in bf16 (bf16_linear)."""
     return [
         # a vision stem (conv with stride = kernel) as the matmul it is
         PatchStemAsMatmul,
         # dequantize -> matmul with a constant int8 weight (QDQ graphs) as an integer matmul
         LowerQuantizedMatmul(),
+        *([LowerBF16Linear()] if precision == "bf16" else []),
         # attention as one kernel (CPU targets); before fast math rewrites its softmax
         FuseAttention(),
         # head splits/merges and q/k/v splits that FuseOps can fuse at a symbolic length
@@ -194,17 +200,18 @@ def ShapeFuncsNoAlias(mod: IRModule, _ctx) -> IRModule:  # pylint: disable=inval
     return out
 
 
-def cpu_pipeline(target: "tvm.target.Target", fast_math: bool = True) -> tvm.transform.Pass:
+def cpu_pipeline(target: "tvm.target.Target", fast_math: bool = True, precision: str = "fp32") -> tvm.transform.Pass:
     """Full Relax pipeline for CPU: the stock cpu_generic steps plus our schedules.
 
     ``fast_math`` rewrites float32 gelu/softmax/exp/erf/tanh to TOPI's vectorizable
     approximations before legalization (max abs error ~1e-7 on encoder outputs).
+    ``precision`` (quant.PRECISIONS) "bf16" runs the constant-weight matmuls in bf16.
     """
 
     @tvm.transform.module_pass(opt_level=0, name="PortablePECPUPipeline")
     def _pipeline(mod: IRModule, _ctx) -> IRModule:
         passes = [
-            *fusion_passes(fast_math=fast_math),
+            *fusion_passes(fast_math=fast_math, precision=precision),
             # tuned kernels first (a MetaSchedule database in scope, see tune.py), then
             # our rules for everything still unscheduled
             ApplyTuningDatabase,

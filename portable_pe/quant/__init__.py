@@ -31,6 +31,8 @@ PRECISIONS = {
     "fp32": "float32 throughout",
     "int8": "int8 matmuls with constant weights (per-channel weights, per-tensor activations, "
             "calibrated), the rest float32",
+    "bf16": "bf16 matmuls with constant weights (weights stored bf16, activations rounded to nearest "
+            "even where they are made, float32 accumulation; x86 with AMX-BF16 or AVX512-BF16), the rest float32",
 }
 
 __all__ = ["PRECISIONS"]

@@ -1,0 +1,228 @@
+"""Which bf16 matmul instruction an x86 target has, and the kernels' building blocks.
+
+A bf16 matmul here multiplies bf16 activations by bf16 weights into float32 accumulators
+(``bf16_linear`` rounds the activations, round to nearest even, and stores the weights).
+bf16 values travel as uint16 (their bit patterns): TVM 0.27's LLVM backend has no bfloat
+type, so each instruction sits in a few lines of LLVM IR that take ``<N x i16>`` and
+bitcast to bfloat (imported into the kernel with ``pragma_import_llvm``; LLVM inlines it):
+
+    kernel       instruction                          per instruction            needs
+    amx-bf16     tdpbf16ps tmm: [16 x 32] x [32 x 16]  16384 flops (a 16x16 tile)  amx-tile, amx-bf16
+    avx512-bf16  vdpbf16ps zmm: 16 lanes x 2 pairs     64 flops                    avx512bf16
+
+AMX holds C in tile registers (8 tiles of 16 rows x 64 bytes): the micro-kernel keeps a
+32 x 32 float32 block in four of them, loads two 16 x 32 activation tiles and two weight
+tiles per 32 reduction elements, and stores the block for the epilogue. Its weights are
+packed [N/16, K/2, 16, 2] (the pairs vdpbf16ps takes per lane, too), so one weight tile
+is 16 consecutive rows of 64 bytes. Linux hands AMX's tile data state to a process only
+after it asks (arch_prctl ARCH_REQ_XCOMP_PERM): the micro-kernel asks on its first call,
+and releases the tiles when it returns (tilerelease), so a thread switched out between
+kernels has no 8 KiB of tile data to save.
+"""
+
+from __future__ import annotations
+
+from tvm.s_tir import TensorIntrin
+from tvm.script import tirx as T
+
+from .int8_isa import DotIsa, _features
+
+AMX_TILE = 32  # rows and columns of the micro-kernel's float32 block (2 x 2 tiles)
+AMX_K = 32     # reduction elements per tile step (64 bytes of bf16 per row)
+
+
+def bf16_kernel(target) -> str | None:
+    """"amx-bf16", "avx512-bf16", or None: the best bf16 instruction `target` has."""
+    features = _features(target)
+    triple = str(target.attrs.get("mtriple", "")) if target is not None else ""
+    if "aarch64" in triple or "arm" in triple:
+        return None
+    if {"amx-tile", "amx-bf16"} <= features:
+        return "amx-bf16"
+    if "avx512bf16" in features:
+        return "avx512-bf16"
+    return None
+
+
+#: what each kernel needs, as LLVM names its target features (the error names them)
+KERNEL_FEATURES = {"amx-bf16": ("amx-tile", "amx-bf16"), "avx512-bf16": ("avx512bf16",)}
+
+
+def widen(load):
+    """A bf16 bit pattern (uint16) as the float32 it is: the high half of the word."""
+    return T.reinterpret("float32", T.shift_left(T.Cast("uint32", load), T.uint32(16)))
+
+
+# --------------------------------------------------------------------------------------
+# avx512-bf16: vdpbf16ps, C[16] += A[0] * B[16, 0] + A[1] * B[16, 1] (the pair broadcast)
+# --------------------------------------------------------------------------------------
+_DPBF16_IR = r"""
+declare <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float>, <32 x bfloat>, <32 x bfloat>)
+define internal <16 x float> @portable_pe_dpbf16ps(<16 x float> %acc, <32 x i16> %a, <32 x i16> %b) alwaysinline {
+  %ab = bitcast <32 x i16> %a to <32 x bfloat>
+  %bb = bitcast <32 x i16> %b to <32 x bfloat>
+  %r = call <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float> %acc, <32 x bfloat> %ab, <32 x bfloat> %bb)
+  ret <16 x float> %r
+}
+"""
+
+
+def _dpbf16_desc():
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (2,), "uint16", offset_factor=1)
+        B = T.match_buffer(b, (16, 2), "uint16", offset_factor=1)
+        C = T.match_buffer(c, (16,), "float32", offset_factor=1)
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:2], B[0:16, 0:2])
+            T.writes(C[0:16])
+            for i, k in T.grid(16, 2):
+                with T.sblock("update"):
+                    vi, vk = T.axis.remap("SR", [i, k])
+                    C[vi] = C[vi] + widen(A[vk]) * widen(B[vi, vk])
+    return desc
+
+
+def _dpbf16_impl():
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (2,), "uint16", offset_factor=1)
+        B = T.match_buffer(b, (16, 2), "uint16", offset_factor=1)
+        C = T.match_buffer(c, (16,), "float32", offset_factor=1)
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:2], B[0:16, 0:2])
+            T.writes(C[0:16])
+            pair = T.reinterpret(A.vload([0], "uint16x2"), dtype="int32")
+            C[T.ramp(T.int32(0), 1, 16)] = T.call_extern(
+                "float32x16", "portable_pe_dpbf16ps", C.vload([0], "float32x16"),
+                T.reinterpret(T.broadcast(pair, 16), dtype="uint16x32"), B.vload([0, 0], "uint16x32"))
+    return impl
+
+
+_DPBF16 = "portable_pe_vdpbf16ps_16x2"
+if TensorIntrin.get(_DPBF16, allow_missing=True) is None:
+    TensorIntrin.register(_DPBF16, _dpbf16_desc(), _dpbf16_impl())
+
+#: the vdpbf16ps kernel as the int8 kernels' register-tiled schedule takes it (int8_matmul)
+AVX512_BF16 = DotIsa("avx512-bf16", "uint16", "uint16", 16, 2, _DPBF16, 7, 2, llvm_ir=_DPBF16_IR)
+
+
+# --------------------------------------------------------------------------------------
+# amx-bf16: C[32, 32] = A[32, K] x B[K, 32] in four tiles, one call per block
+# --------------------------------------------------------------------------------------
+def _tile_config() -> str:
+    """ldtilecfg's 64 bytes, as an LLVM string: palette 1, tiles 0..7 of 16 rows x 64 bytes."""
+    config = bytearray(64)
+    config[0] = 1
+    for tile in range(8):
+        config[16 + 2 * tile] = 64  # colsb, little-endian uint16
+        config[48 + tile] = 16      # rows
+    return "".join(f"\\{b:02X}" for b in config)
+
+
+# tiles 0..3: C (rows 0-15 / 16-31 x columns 0-15 / 16-31); 4, 5: A rows; 6, 7: B columns.
+# 158 = SYS_arch_prctl, 4131 = ARCH_REQ_XCOMP_PERM, 18 = XFEATURE_XTILEDATA.
+AMX_IR = r"""
+declare void @llvm.x86.ldtilecfg(ptr)
+declare void @llvm.x86.tilezero(i8)
+declare void @llvm.x86.tileloadd64(i8, ptr, i64)
+declare void @llvm.x86.tdpbf16ps(i8, i8, i8)
+declare void @llvm.x86.tilestored64(i8, ptr, i64)
+declare void @llvm.x86.tilerelease()
+declare i64 @syscall(i64, ...)
+@portable_pe_amx_config = internal constant [64 x i8] c"CONFIG", align 64
+@portable_pe_amx_permitted = internal global i1 false
+
+define internal i32 @portable_pe_amx_bf16(ptr %c, i64 %ldc, ptr %a, i64 %lda, ptr %b, i64 %ldb, i64 %steps) {
+entry:
+  %permitted = load i1, ptr @portable_pe_amx_permitted
+  br i1 %permitted, label %start, label %permit
+permit:
+  %rc = call i64 (i64, ...) @syscall(i64 158, i64 4131, i64 18)
+  store i1 true, ptr @portable_pe_amx_permitted
+  br label %start
+start:
+  call void @llvm.x86.ldtilecfg(ptr @portable_pe_amx_config)
+  call void @llvm.x86.tilezero(i8 0)
+  call void @llvm.x86.tilezero(i8 1)
+  call void @llvm.x86.tilezero(i8 2)
+  call void @llvm.x86.tilezero(i8 3)
+  %a_rows = mul i64 %lda, 16
+  %a1 = getelementptr i8, ptr %a, i64 %a_rows
+  %b1 = getelementptr i8, ptr %b, i64 %ldb
+  br label %step
+step:
+  %k = phi i64 [0, %start], [%k_next, %step]
+  %a_off = mul i64 %k, 64
+  %b_off = mul i64 %k, 1024
+  %pa0 = getelementptr i8, ptr %a, i64 %a_off
+  %pa1 = getelementptr i8, ptr %a1, i64 %a_off
+  %pb0 = getelementptr i8, ptr %b, i64 %b_off
+  %pb1 = getelementptr i8, ptr %b1, i64 %b_off
+  call void @llvm.x86.tileloadd64(i8 4, ptr %pa0, i64 %lda)
+  call void @llvm.x86.tileloadd64(i8 5, ptr %pa1, i64 %lda)
+  call void @llvm.x86.tileloadd64(i8 6, ptr %pb0, i64 64)
+  call void @llvm.x86.tileloadd64(i8 7, ptr %pb1, i64 64)
+  call void @llvm.x86.tdpbf16ps(i8 0, i8 4, i8 6)
+  call void @llvm.x86.tdpbf16ps(i8 1, i8 4, i8 7)
+  call void @llvm.x86.tdpbf16ps(i8 2, i8 5, i8 6)
+  call void @llvm.x86.tdpbf16ps(i8 3, i8 5, i8 7)
+  %k_next = add i64 %k, 1
+  %done = icmp eq i64 %k_next, %steps
+  br i1 %done, label %store, label %step
+store:
+  %c_rows = mul i64 %ldc, 16
+  %c1 = getelementptr i8, ptr %c, i64 64
+  %c2 = getelementptr i8, ptr %c, i64 %c_rows
+  %c3 = getelementptr i8, ptr %c2, i64 64
+  call void @llvm.x86.tilestored64(i8 0, ptr %c, i64 %ldc)
+  call void @llvm.x86.tilestored64(i8 1, ptr %c1, i64 %ldc)
+  call void @llvm.x86.tilestored64(i8 2, ptr %c2, i64 %ldc)
+  call void @llvm.x86.tilestored64(i8 3, ptr %c3, i64 %ldc)
+  call void @llvm.x86.tilerelease()
+  ret i32 0
+}
+""".replace("CONFIG", _tile_config())
+
+
+def amx_intrin(k: int) -> str:
+    """The tensor intrinsic for one 32 x 32 block over all of K (K % 32 == 0): C = A x B
+    with B packed [2, K/2, 16, 2] (the block's two column panels); registered once per K."""
+    name = f"portable_pe_amx_bf16_32x32x{k}"
+    if TensorIntrin.get(name, allow_missing=True) is not None:
+        return name
+
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
+        sa, sc = T.int64(), T.int64()
+        A = T.match_buffer(a, (32, k), "uint16", offset_factor=1, strides=[sa, 1])
+        B = T.match_buffer(b, (2, k // 2, 16, 2), "uint16", offset_factor=1)
+        C = T.match_buffer(c, (32, 32), "float32", offset_factor=1, strides=[sc, 1])
+        with T.sblock("root"):
+            T.reads(A[0:32, 0:k], B[0:2, 0:k // 2, 0:16, 0:2])
+            T.writes(C[0:32, 0:32])
+            for i, j, r in T.grid(32, 32, k):
+                with T.sblock("update"):
+                    vi, vj, vr = T.axis.remap("SSR", [i, j, r])
+                    T.reads(C[vi, vj], A[vi, vr], B[vj // 16, vr // 2, vj % 16, vr % 2])
+                    T.writes(C[vi, vj])
+                    with T.init():
+                        C[vi, vj] = T.float32(0)
+                    C[vi, vj] = C[vi, vj] + widen(A[vi, vr]) * widen(B[vj // 16, vr // 2, vj % 16, vr % 2])
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+        sa, sc = T.int64(), T.int64()
+        A = T.match_buffer(a, (32, k), "uint16", offset_factor=1, strides=[sa, 1])
+        B = T.match_buffer(b, (2, k // 2, 16, 2), "uint16", offset_factor=1)
+        C = T.match_buffer(c, (32, 32), "float32", offset_factor=1, strides=[sc, 1])
+        with T.sblock("root"):
+            T.reads(A[0:32, 0:k], B[0:2, 0:k // 2, 0:16, 0:2])
+            T.writes(C[0:32, 0:32])
+            # byte strides: C's rows, A's rows, B's second column panel; K / 32 tile steps
+            T.evaluate(T.call_extern("int32", "portable_pe_amx_bf16", C.access_ptr("w"), sc * 4,
+                                     A.access_ptr("r"), sa * 2, B.access_ptr("r"), T.int64(k * 32),
+                                     T.int64(k // AMX_K)))
+
+    TensorIntrin.register(name, desc, impl)
+    return name

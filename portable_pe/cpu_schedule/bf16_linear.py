@@ -1,0 +1,153 @@
+"""--precision bf16: the constant-weight matmuls in bf16 (Relax, before legalization).
+
+    y = matmul(x, W)                x float32 [..., K]; W a float32 constant [K, N]
+becomes
+    a = bf16_bits(x)                uint16: x rounded to bf16, to nearest even
+    y = bf16_matmul(a, W16)         float32 accumulation; W16 = W rounded at compile time
+
+``bf16_bits`` is elementwise, so FuseOps fuses it into the kernel that produces x (the
+layer norm, or the previous matmul's epilogue after its bias and activation): the
+activation is rounded where it is made, and travels at half the bytes. The matmul's own
+epilogue (bias, activation, residual) runs in float32 on its float32 accumulators.
+
+Everything else stays float32: layer norm, softmax and residual sums (they accumulate,
+and bf16's 8 mantissa bits would lose the small terms), the position encodings (RoPE's
+cos/sin, bias tables, embeddings: a rotation by a rounded angle is a different rotation),
+and attention's Q.K^T and P.V (activation x activation; not rewritten here yet). Only
+matmuls whose K and N fit the target's bf16 kernel (bf16_matmul) are rewritten; the
+others stay float32 and are counted.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import tvm
+from tvm import relax, te, tirx
+from tvm.ir import IRModule
+
+from .bf16_isa import KERNEL_FEATURES, bf16_kernel
+from .bf16_matmul import fits_avx512
+from .relax_util import _mutate_relax_functions, _tensor_type, bound_call, rewrite_matmul
+
+logger = logging.getLogger(__package__)
+
+_QUIET_NAN = 0x7FC0
+_OUT_ELEMWISE_FUSABLE = 4  # tvm.relay/relax OpPatternKind kOutEWiseFusable
+
+
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bit patterns (uint16), round to nearest even; NaN stays NaN."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(np.isnan(x), np.uint16(_QUIET_NAN), rounded)
+
+
+def _round_to_bf16_bits(x: te.Tensor) -> te.Tensor:
+    """bf16_bits in TIR: add 0x7FFF plus the lowest kept bit, keep the high half."""
+    def element(*idx):
+        value = x[idx]
+        bits = tirx.reinterpret("uint32", value)
+        kept_lsb = tirx.bitwise_and(tirx.shift_right(bits, tirx.const(16, "uint32")), tirx.const(1, "uint32"))
+        rounded = tirx.shift_right(bits + tirx.const(0x7FFF, "uint32") + kept_lsb, tirx.const(16, "uint32"))
+        return tirx.Select(tirx.isnan(value), tirx.const(_QUIET_NAN, "uint16"), rounded.astype("uint16"))
+    return te.compute(x.shape, element, name="bf16_bits")
+
+
+def _widen(x):
+    return tirx.reinterpret("float32", tirx.shift_left(x.astype("uint32"), tirx.const(16, "uint32")))
+
+
+def _bf16_matmul(a: te.Tensor, w: te.Tensor) -> te.Tensor:
+    """float32 C[..., i, j] = sum_k bf16(A[..., i, k]) * bf16(W[k, j]) (what bf16_matmul schedules)."""
+    k = te.reduce_axis((0, w.shape[0]), name="k")
+    return te.compute((*a.shape[:-1], w.shape[1]),
+                      lambda *idx: te.sum(_widen(a[(*idx[:-1], k)]) * _widen(w[k, idx[-1]]), axis=k),
+                      name="bf16_matmul")
+
+
+def _constant_weight(mutator, expr) -> np.ndarray | None:
+    """A matmul's right operand as a float32 [K, N] array, when it is a constant (or the
+    transpose of one: Gemm with transB)."""
+    if isinstance(expr, relax.Var):
+        transposed = bound_call(mutator, expr, "relax.permute_dims")
+        if transposed is not None:
+            inner = _constant_weight(mutator, transposed.args[0])
+            axes = transposed.attrs.axes
+            if inner is not None and inner.ndim == 2 and (axes is None or [int(a) for a in axes] == [1, 0]):
+                return inner.T
+            return None
+        expr = mutator.lookup_binding(expr)
+    if isinstance(expr, tvm.ir.GenericConst):  # TVM 0.27: Relax constants, their tensor in ``value``
+        value = expr.value.numpy()
+        return value if value.dtype == np.float32 and value.ndim == 2 else None
+    return None
+
+
+@relax.expr_functor.mutator
+class _Lowerer(relax.PyExprMutator):  # pylint: disable=abstract-method
+    def __init__(self, mod: IRModule, fits):
+        super().__init__(mod)
+        self.fits = fits
+        self.lowered = 0
+        self.kept = 0
+        self.kernels = []  # the bf16_matmul PrimFuncs' GlobalVars
+
+    def visit_call_(self, call):  # pylint: disable=arguments-renamed
+        return rewrite_matmul(super().visit_call_(call), self._lower, logger, "matmul kept in float32")
+
+    def _lower(self, mm):
+        weight = _constant_weight(self, mm.args[1])
+        x = _tensor_type(mm.args[0])
+        if weight is None or x is None or x[0] != "float32" or len(x[1]) < 2:
+            return None  # activation x activation (attention), or not a linear layer
+        k, n = weight.shape
+        if not isinstance(x[1][-1], tvm.tirx.IntImm) or int(x[1][-1]) != k or not self.fits(k, n):
+            self.kept += 1
+            return None
+        bb = self.builder_
+        a = bb.emit(bb.call_te(_round_to_bf16_bits, mm.args[0], primfunc_name_hint="bf16_bits"))
+        self.lowered += 1
+        call = bb.call_te(_bf16_matmul, a, relax.const(bf16_bits(weight)), primfunc_name_hint="bf16_matmul")
+        self.kernels.append(call.args[0])
+        return call
+
+
+def lower_bf16_linear(mod: IRModule, target) -> tuple[IRModule, int, int]:
+    """(the module with its constant-weight matmuls in bf16, how many, how many kept float32
+    because the kernel does not take their shape)."""
+    kernel = bf16_kernel(target)
+    if kernel is None:
+        raise ValueError(f"--precision bf16 needs a CPU with {' or '.join('+'.join(f) for f in KERNEL_FEATURES.values())}; "
+                         f"target {target} has neither")
+    # vdpbf16ps takes every shape AMX takes and more (bf16_matmul falls back to it)
+    lowerer = _Lowerer(mod, fits_avx512)
+    lowered = _mutate_relax_functions(lowerer, mod)
+    if not lowerer.lowered:
+        return mod, 0, lowerer.kept
+    for gv in lowerer.kernels:
+        # a matmul whose epilogue FuseOps may fuse (kOutEWiseFusable, as TVM's own matmuls):
+        # AnnotateTIROpPattern would call the widening reduction kCommReduce, and FuseOps
+        # would then fuse the activation's rounding into it instead of the bias after it
+        lowered[gv] = lowered[gv].with_attr("op_pattern", _OUT_ELEMWISE_FUSABLE)
+    return relax.transform.DeadCodeElimination()(lowered), lowerer.lowered, lowerer.kept
+
+
+def bf16_plan(mod: IRModule, target) -> dict:
+    """What a bf16 build of `mod` runs in bf16 (the manifest's "bf16" section): the
+    pipeline's own passes up to this one, counted."""
+    from .patch_stem import PatchStemAsMatmul
+    with target:
+        _, lowered, kept = lower_bf16_linear(PatchStemAsMatmul(mod), target)
+    return {"kernel": bf16_kernel(target), "matmuls_bf16": lowered, "matmuls_float32": kept,
+            "float32": "layer norm, softmax, residuals, biases and activations, position encodings, "
+                       "attention's Q.K^T and P.V"}
+
+
+@tvm.transform.module_pass(opt_level=0, name="LowerBF16Linear")
+class LowerBF16Linear:  # pylint: disable=too-few-public-methods
+    """lower_bf16_linear for the target in scope (an llvm x86 target with bf16)."""
+
+    def transform_module(self, mod: IRModule, _ctx) -> IRModule:
+        return lower_bf16_linear(mod, tvm.target.Target.current(allow_none=False))[0]

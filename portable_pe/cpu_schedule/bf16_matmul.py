@@ -1,0 +1,76 @@
+"""bf16 matmul rule: ``C[..., i, j] += f32(A[..., i, k]) * f32(W[k, j])`` over uint16 bit
+patterns (what bf16_linear emits), with a constant W packed [N/16, K/2, 16, 2].
+
+With AMX (bf16_isa), per 32 x 32 block of C:
+
+    for (batch, jo) in parallel:          # column blocks: W's 32-column panel stays in L2
+      for io:                             # row blocks: A (M x K bf16) is shared by all jo
+        C[io, jo] = A[io, :] x W[:, jo]   # one micro-kernel call: K/32 steps of 4 tdpbf16ps
+        epilogue on the block             # bias, activation, residual, next rounding to bf16
+
+The block lies in memory between the micro-kernel and the epilogue (AMX has no path from
+tiles to vector registers), 4 KiB that stay in L1. Without AMX (or when N or K is not a
+multiple of 32), vdpbf16ps in the int8 kernels' register-tiled schedule.
+"""
+
+from __future__ import annotations
+
+from .bf16_isa import AMX_K, AMX_TILE, AVX512_BF16, amx_intrin, AMX_IR, bf16_kernel
+from .int8_matmul import schedule_dot_matmul
+from .matmul import _pack_constant_weight, _pad_to_tiles
+from .spatial import _parallel_outer, _vectorize_inner
+from .tir_util import _loop_extent, _region_buffer, _vector_lanes
+
+
+def is_bf16_matmul(sch, mm_block) -> bool:
+    """A float32 reduction over uint16 (bf16 bit pattern) operands."""
+    stmt = sch.get(mm_block)
+    out = _region_buffer(stmt.writes[0])
+    inputs = {str(_region_buffer(r).dtype) for r in stmt.reads if not _region_buffer(r).same_as(out)}
+    return str(out.dtype) == "float32" and inputs == {"uint16"}
+
+
+def fits_amx(k: int, n: int) -> bool:
+    return k % AMX_K == 0 and n % AMX_TILE == 0
+
+
+def fits_avx512(k: int, n: int) -> bool:
+    return k % AVX512_BF16.kg == 0 and n % AVX512_BF16.lanes == 0
+
+
+def schedule_bf16_matmul(sch, mm_block, other_blocks, target) -> bool:
+    kernel = bf16_kernel(target)
+    if kernel is None:
+        return False
+    if kernel == "amx-bf16" and _schedule_amx(sch, mm_block, other_blocks, target):
+        return True
+    return schedule_dot_matmul(sch, mm_block, other_blocks, AVX512_BF16)
+
+
+def _schedule_amx(sch, mm_block, other_blocks, target) -> bool:
+    loops = sch.get_loops(mm_block)
+    if len(loops) != len(sch.get(mm_block).iter_vars):
+        return False
+    *batch, li, lj, lk = loops
+    ext_i, ext_j, ext_k = (_loop_extent(sch, x) for x in (li, lj, lk))
+    if ext_j is None or ext_k is None or not fits_amx(ext_k, ext_j):
+        return False
+    lanes = _vector_lanes(target)
+    pad_i = AMX_TILE if (ext_i is None or ext_i % AMX_TILE) else 1
+    mm_block, other_blocks = _pad_to_tiles(sch, mm_block, other_blocks, [1] * len(batch) + [pad_i, 1, 1], lanes)
+    *batch, li, lj, lk = sch.get_loops(mm_block)
+    j_var = sch.get(mm_block).iter_vars[len(batch) + 1].var
+    if not _pack_constant_weight(sch, mm_block, j_var, 16, kg=2):
+        raise ValueError("bf16 matmul without a constant weight to pack (bf16_linear emits only those)")
+    io, ii = sch.split(li, [None, AMX_TILE])
+    jo, ji = sch.split(lj, [None, AMX_TILE])
+    sch.reorder(*batch, jo, io, ii, ji, lk)
+    for blk in other_blocks:  # the epilogue, per block, while it is in L1
+        sch.reverse_compute_at(blk, io, preserve_unit_loops=True)
+        inner = sch.get_loops(blk)[len(batch) + 2:]
+        if inner:
+            _vectorize_inner(sch, inner[-1], lanes)
+    outermost = _parallel_outer(sch, list(batch) + [jo])
+    sch.tensorize(ii, amx_intrin(ext_k))
+    sch.annotate(outermost, "pragma_import_llvm", AMX_IR)
+    return True

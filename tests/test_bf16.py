@@ -1,0 +1,197 @@
+"""--precision bf16: the rounding (against PyTorch's own float32 -> bfloat16 conversion),
+the AMX and AVX512-BF16 matmul kernels (against a float64 product of the rounded operands,
+with the instruction found in the assembly), whole bundles against PyTorch float32, and
+the refusal on a CPU without bf16 instructions.
+
+The kernels run only on a CPU that has their instructions (this machine kind has both);
+elsewhere those tests skip with the missing flag."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from portable_pe.backends import llvm
+from portable_pe.backends.targets import load_target
+from portable_pe.cpu_schedule.bf16_linear import bf16_bits
+
+from conftest import TINY_SPEC, assert_parity
+
+CPU_FLAGS = set(next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("flags")), [])) if Path("/proc/cpuinfo").exists() else set()
+#: kernel -> (the LLVM features that select it, the /proc/cpuinfo flags it runs on, its instruction)
+KERNELS = {"amx-bf16": (["+avx512bf16", "+amx-tile", "+amx-bf16"], {"amx_tile", "amx_bf16"}, "tdpbf16ps"),
+           "avx512-bf16": (["+avx512bf16"], {"avx512_bf16"}, "vdpbf16ps")}
+
+
+def _needs(kernel: str):
+    missing = sorted(KERNELS[kernel][1] - CPU_FLAGS)
+    return pytest.mark.skipif(bool(missing), reason=f"this CPU has no {', '.join(missing)} ({kernel})")
+
+
+def _widen(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def _torch_bits(x: np.ndarray) -> np.ndarray:
+    return torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+
+
+def _edge_values() -> np.ndarray:
+    """Ties both ways (low half exactly 0x8000 under an even and an odd kept bit), the
+    largest finite value (rounds up to inf), subnormals, signed zeros, inf and NaN."""
+    patterns = np.array([0x3F808000, 0x3F818000, 0x3F807FFF, 0x3F808001, 0x7F7FFFFF, 0xFF7FFFFF,
+                         0x00000001, 0x80008000, 0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000],
+                        dtype=np.uint32)
+    return patterns.view(np.float32)
+
+
+def test_bf16_bits_rounds_as_pytorch_does():
+    x = np.concatenate([np.random.default_rng(0).standard_normal(10000).astype(np.float32) * 100, _edge_values()])
+    ours, theirs = bf16_bits(x), _torch_bits(x)
+    finite = ~np.isnan(x)
+    assert np.array_equal(ours[finite], theirs[finite])
+    assert np.all(np.isnan(_widen(ours[~finite])))
+
+
+def _matmul_module(k: int, n: int, *, rows=("T",), seed: int = 0):
+    """x [*rows, K] -> (x + 1) @ W + b -> gelu, with W and b constants: a linear layer
+    whose input is made by an elementwise op, and whose epilogue has a bias and activation."""
+    import tvm
+    from tvm import relax
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((k, n)) * 0.1).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    dims = [tvm.tirx.Var(r, "int64") if isinstance(r, str) else r for r in rows]
+    x = relax.Var("x", relax.TensorType((*dims, k), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.add(x, relax.const(1.0)))
+            y = bb.emit(relax.op.add(bb.emit(relax.op.matmul(h, relax.const(w))), relax.const(b)))
+            out = bb.emit_output(relax.op.nn.gelu(y))
+        bb.emit_func_output(out)
+    return bb.get(), w, b
+
+
+def _build(mod, kernel: str):
+    import tvm
+    from portable_pe.cpu_schedule import cpu_pipeline
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "rocketlake", "mattr": KERNELS[kernel][0], "num-cores": 2})
+    return tvm.compile(mod, target=target, relax_pipeline=cpu_pipeline(target, precision="bf16"))
+
+
+def _run(executable, x: np.ndarray) -> np.ndarray:
+    import tvm
+    from tvm import relax
+    return relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+
+
+def _oracle(x, w, b):
+    """The bf16 build's arithmetic in float64: operands rounded to bf16 (PyTorch's
+    conversion), exact products summed, then the float32 epilogue."""
+    product = _widen(_torch_bits(x + np.float32(1))).astype(np.float64) @ _widen(_torch_bits(w)).astype(np.float64)
+    return torch.nn.functional.gelu(torch.from_numpy((product + b).astype(np.float32))).numpy()
+
+
+@pytest.mark.parametrize("kernel", [pytest.param(k, marks=_needs(k)) for k in KERNELS])
+@pytest.mark.parametrize("k, n", [(64, 96), (48, 80)])
+def test_bf16_matmul_kernel_computes_the_rounded_product(kernel, k, n):
+    """(64, 96) fits AMX's 32 x 32 blocks; (48, 80) only vdpbf16ps (K % 32, N % 32 ≠ 0)."""
+    mod, w, b = _matmul_module(k, n)
+    executable = _build(mod, kernel)
+    for t in (1, 33, 128):
+        x = np.random.default_rng(t).standard_normal((t, k)).astype(np.float32)
+        assert_parity(_oracle(x, w, b), _run(executable, x), tolerance="float32_abs", name=f"{kernel} T={t}")
+    expected = KERNELS[kernel][2] if (kernel == "avx512-bf16" or (k % 32 == 0 and n % 32 == 0)) else "vdpbf16ps"
+    assert expected in executable.mod.imports[0].inspect_source("asm")
+
+
+@_needs("amx-bf16")
+def test_amx_kernel_with_batch_rows_and_no_epilogue():
+    """A [B, T, K] activation (the row blocks per batch item) and a matmul whose result is
+    the output itself (written through its own row stride)."""
+    import tvm
+    from tvm import relax
+    rng = np.random.default_rng(1)
+    w = (rng.standard_normal((64, 64)) * 0.1).astype(np.float32)
+    x = relax.Var("x", relax.TensorType((2, tvm.tirx.Var("T", "int64"), 64), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.matmul(x, relax.const(w)))
+        bb.emit_func_output(out)
+    executable = _build(bb.get(), "amx-bf16")
+    xv = rng.standard_normal((2, 40, 64)).astype(np.float32)
+    expected = (_widen(_torch_bits(xv)).astype(np.float64) @ _widen(_torch_bits(w)).astype(np.float64)).astype(np.float32)
+    assert_parity(expected, _run(executable, xv), tolerance="float32_abs", name="amx [2, 40, 64]")
+
+
+@_needs("amx-bf16")
+def test_activation_rounding_in_the_kernel_is_pytorchs():
+    """W = identity: each output is one product with 1.0, so the kernel's output is its
+    rounding of the activation, bit for bit (ties both ways, tiny values).
+    Infinities and NaN stay out: inf x 0 in the identity's other columns makes the row
+    NaN (bf16_bits' handling of them is checked against PyTorch above)."""
+    import tvm
+    from tvm import relax
+    eye = np.eye(32, dtype=np.float32)
+    x = relax.Var("x", relax.TensorType((32, 32), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.matmul(x, relax.const(eye)))
+        bb.emit_func_output(out)
+    edges = _edge_values()
+    edges = edges[np.isfinite(edges) & (np.abs(edges) < 1e38)]
+    values = np.resize(np.concatenate([edges, np.random.default_rng(2).standard_normal(1024).astype(np.float32)]),
+                       (32, 32)).astype(np.float32)
+    got = _run(_build(bb.get(), "amx-bf16"), values)
+    # compared as floats: -0.0 x 1 plus the row's +0.0 products sums to +0.0, as in any matmul
+    assert np.array_equal(got, _widen(_torch_bits(values)))
+
+
+def test_a_cpu_without_bf16_is_refused_with_the_feature_it_lacks():
+    spec = dataclasses.replace(load_target("llvm"), tvm={"kind": "llvm", "mcpu": "znver3"})
+    with pytest.raises(ValueError, match=r"--precision bf16 needs an x86 CPU with amx-tile\+amx-bf16 or avx512bf16.*"
+                                         r"\(znver3\) has neither"):
+        llvm.for_precision(llvm.tvm_target(spec), spec, "bf16")
+
+
+def test_the_host_target_gets_the_bf16_features_its_cpu_reports():
+    """LLVM names this CPU by its model number; the flags Linux reports decide the features."""
+    spec = load_target("llvm")
+    target = llvm.for_precision(llvm.tvm_target(spec), spec, "bf16") if CPU_FLAGS & {"avx512_bf16", "amx_bf16"} else None
+    if target is None:
+        pytest.skip("this CPU has no bf16 instructions")
+    from portable_pe.cpu_schedule.bf16_isa import bf16_kernel
+    assert bf16_kernel(target) == ("amx-bf16" if {"amx_tile", "amx_bf16"} <= CPU_FLAGS else "avx512-bf16")
+
+
+@pytest.mark.skipif(not CPU_FLAGS & {"avx512_bf16", "amx_bf16"}, reason="this CPU has no bf16 instructions")
+def test_a_bf16_bundle_matches_pytorch_float32_and_is_not_the_float32_build(bundle_factory, tiny_bundle):
+    from portable_pe.run.local import LocalRunner
+    from portable_pe.run.parity import check_bundle, make_inputs
+    from portable_pe.spec.io_names import dim_roles
+    import onnx
+    bundle = bundle_factory(TINY_SPEC, precision="bf16")
+    graph = onnx.load(str(bundle.file("model.onnx"))).graph
+    constants = {i.name for i in graph.initializer}
+    linear = sum(n.op_type in ("MatMul", "Gemm") and n.input[1] in constants for n in graph.node)
+    assert linear > 0 and bundle.manifest["bf16"] == {**bundle.manifest["bf16"], "matmuls_bf16": linear,
+                                                      "matmuls_float32": 0, "kernel": bundle.manifest["bf16"]["kernel"]}
+    assert bundle.manifest["precision"] == "bf16" and bundle.manifest["tolerance"]["float32"]["min_cosine"] == 0.9995
+    report = check_bundle(bundle, lengths=(1, 7, 64))
+    assert report.ok, report.to_markdown()
+    rows = [r for r in report.rows if r.candidate == "tvm"]
+    assert rows and all(r.cosine >= 0.9995 for r in rows)
+    assert {r.candidate for r in report.rows if not r.gating} == {"onnxruntime", "openvino"}
+    # the bf16 build really rounds: its output is not the float32 build's
+    inputs = make_inputs(bundle.manifest["inputs"], length=64, dim_roles=dim_roles(bundle.manifest))
+    bf16_out, fp32_out = LocalRunner(bundle).run(inputs), LocalRunner(tiny_bundle).run(inputs)
+    assert all(np.abs(bf16_out[k] - fp32_out[k]).max() > 1e-4 for k in bf16_out)
