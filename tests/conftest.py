@@ -102,6 +102,9 @@ TEST_TOLERANCES = {
     # the same float32 ops on both sides (an exported ONNX graph against the PyTorch module
     # it came from; a small graph of shape arithmetic in TVM against onnxruntime): 1e-5 absolute
     "float32_abs_1e-5": {"atol": 1e-5, "rtol": 0.0, "min_cosine": 0.9999},
+    # a bf16 kernel against a float64 oracle of its own roundings: float32 accumulation
+    # order, and a probability whose exp lands on a bf16 tie rounding one step apart
+    "float32_abs_1e-3": {"atol": 1e-3, "rtol": 0.0, "min_cosine": 0.99999},
     # the int8 row's cosine alone: onnxruntime's static QDQ quantizer on its own (before
     # the npu stage's checks), which test_npu has only ever held to a cosine; its max abs
     # error on the tiny rope graph at T=16 is 14% of max|ref|, over the int8 row's 10%

@@ -186,6 +186,9 @@ def test_a_bf16_bundle_matches_pytorch_float32_and_is_not_the_float32_build(bund
     assert linear > 0 and bundle.manifest["bf16"] == {**bundle.manifest["bf16"], "matmuls_bf16": linear,
                                                       "matmuls_float32": 0, "kernel": bundle.manifest["bf16"]["kernel"]}
     assert bundle.manifest["precision"] == "bf16" and bundle.manifest["tolerance"]["float32"]["min_cosine"] == 0.9995
+    # one fused attention per layer; head dim 16 is not a multiple of 32: float32 attention
+    layers = bundle.manifest["graph"]["spec"]["model"]["n_layers"]
+    assert (bundle.manifest["bf16"]["attentions_bf16"], bundle.manifest["bf16"]["attentions_float32"]) == (0, layers)
     report = check_bundle(bundle, lengths=(1, 7, 64))
     assert report.ok, report.to_markdown()
     rows = [r for r in report.rows if r.candidate == "tvm"]
@@ -195,3 +198,53 @@ def test_a_bf16_bundle_matches_pytorch_float32_and_is_not_the_float32_build(bund
     inputs = make_inputs(bundle.manifest["inputs"], length=64, dim_roles=dim_roles(bundle.manifest))
     bf16_out, fp32_out = LocalRunner(bundle).run(inputs), LocalRunner(tiny_bundle).run(inputs)
     assert all(np.abs(bf16_out[k] - fp32_out[k]).max() > 1e-4 for k in bf16_out)
+
+
+def _attention_module(heads: int, d: int, with_bias: bool):
+    """softmax(Q·Kᵀ·0.125 [+ a per-head T x S bias]) @ V, q/k/v [b, H, t, D] (b, t symbolic)."""
+    import tvm
+    from tvm import relax, tirx
+    b, t = tirx.Var("b", "int64"), tirx.Var("t", "int64")
+    q, k, v = (relax.Var(n, relax.TensorType([b, heads, t, d], "float32")) for n in "qkv")
+    params = [q, k, v]
+    if with_bias:
+        params.append(relax.Var("bias", relax.TensorType([heads, t, t], "float32")))
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            kt = bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2]))
+            s = bb.emit(relax.op.multiply(relax.op.matmul(q, kt), relax.const(0.125, "float32")))
+            if with_bias:
+                s = bb.emit(relax.op.add(s, params[3]))
+            out = bb.emit_output(relax.op.matmul(bb.emit(relax.op.nn.softmax(s, axis=-1)), v))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@_needs("amx-bf16")
+@pytest.mark.parametrize("with_bias", [False, True], ids=["no_bias", "t5_bias"])
+def test_amx_attention_is_the_bf16_products_of_float32_softmax(with_bias):
+    """The oracle, in float64: scores from bf16 Q and K, scale and bias, e = exp(s - max),
+    out = bf16(e) @ bf16(V) / sum(e): the kernel's arithmetic but for float32 rounding
+    (and, where exp lands on a bf16 tie, one rounding step of one probability)."""
+    heads, d = 2, 64
+    executable = _build(_attention_module(heads, d, with_bias), "amx-bf16")
+    assert "tdpbf16ps" in executable.mod.imports[0].inspect_source("asm")
+    import tvm
+    from tvm import relax
+    vm = relax.VirtualMachine(executable, tvm.cpu())
+    for b, t in ((1, 1), (2, 33), (1, 100)):
+        rng = np.random.default_rng(t)
+        q, k, v = (rng.standard_normal((b, heads, t, d)).astype(np.float32) for _ in range(3))
+        bias = rng.standard_normal((heads, t, t)).astype(np.float32)
+        args = [q, k, v] + ([bias] if with_bias else [])
+        got = vm["main"](*(tvm.runtime.tensor(a) for a in args)).numpy()
+        r = lambda x: _widen(_torch_bits(np.ascontiguousarray(x))).astype(np.float64)  # noqa: E731
+        s = r(q) @ r(k).transpose(0, 1, 3, 2) * 0.125 + (bias if with_bias else 0)
+        e = np.exp(s - s.max(-1, keepdims=True))
+        expected = ((r(e.astype(np.float32)) @ r(v)) / e.sum(-1, keepdims=True)).astype(np.float32)
+        assert_parity(expected, got, tolerance="float32_abs_1e-3", name=f"amx attention b={b} t={t}")
+        logits = q.astype(np.float64) @ k.astype(np.float64).transpose(0, 1, 3, 2) * 0.125 + (bias if with_bias else 0)
+        exact = np.exp(logits - logits.max(-1, keepdims=True))
+        exact = (exact / exact.sum(-1, keepdims=True)) @ v
+        assert_parity(exact.astype(np.float32), got, tolerance="bf16_linear", name=f"vs float64 b={b} t={t}")

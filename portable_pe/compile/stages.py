@@ -250,10 +250,11 @@ def stage_build(st: CompileState) -> Added:
 
 def _bf16_report(st: CompileState) -> dict:
     """The manifest's "bf16" section: the kernel, and which matmuls run in bf16."""
-    from ..cpu_schedule.bf16_linear import bf16_plan
+    from ..cpu_schedule.bf16_plan import bf16_plan
     plan = bf16_plan(st.relax, st.tvm_target)
     st.log(f"  bf16: {plan['matmuls_bf16']} matmul(s) with constant weights in bf16 ({plan['kernel']}), "
-           f"{plan['matmuls_float32']} kept float32 (shape)")
+           f"{plan['matmuls_float32']} kept float32 (shape); attention: {plan['attentions_bf16']} "
+           f"in bf16, {plan['attentions_float32']} in float32")
     return {"bf16": plan}
 
 

@@ -31,39 +31,14 @@ import tvm
 from tvm import relax
 from tvm.ir import IRModule
 
+from . import bf16_attention
+from .bf16_isa import bf16_kernel
+from .fast_math import _fast_exp  # noqa: F401 (the kernels' exp; tests import it from here)
 from .matmul import _register_tile
 from .relax_util import _mutate_relax_functions, _tensor_type, bound_call, rewrite_matmul
 from .tir_util import _const_int, _vector_lanes
 
 logger = logging.getLogger(__package__)
-
-_LOG2E = 1.4426950408889634
-# ln 2 in two parts (Cody-Waite): n * _LN2_HI is exact in float32 for |n| <= 127, so
-# r = x - n ln2 keeps its precision; one float32 ln 2 would cost n * 2e-8 of it.
-_LN2_HI = 0.693359375
-_LN2_LO = -2.12194440e-4
-
-
-def _fast_exp(x):
-    """float32 exp(x) from TIR arithmetic only, so it vectorizes (LLVM scalarizes
-    ``llvm.exp`` into libm calls on x86). exp(x) = 2^n · e^r with n = round(x·log2 e)
-    and |r| <= ln2/2; e^r by its degree-7 Taylor polynomial (truncation error
-    below 3e-9 relative, under float32 rounding); 2^n assembled in the exponent
-    bits. x is clamped to [-88, 88.3], which keeps n in [-127, 127]: -inf (the padded
-    columns) and anything below about -87.7 give exactly 0 (n = -127 makes the
-    exponent field 0); above 88.3 the result saturates at exp(88.3) ~ 2e38 instead of
-    overflowing (softmax only calls it on s - max <= 0)."""
-    from tvm import tirx
-    f32 = "float32"
-    x = tirx.max(tirx.min(x, tirx.const(88.3, f32)), tirx.const(-88.0, f32))
-    n = tirx.floor(x * tirx.const(_LOG2E, f32) + tirx.const(0.5, f32))
-    r = (x - n * tirx.const(_LN2_HI, f32)) - n * tirx.const(_LN2_LO, f32)
-    poly = tirx.const(1.0 / math.factorial(7), f32)
-    for k in range(6, -1, -1):
-        poly = poly * r + tirx.const(1.0 / math.factorial(k), f32)
-    bits = tirx.shift_left(tirx.Cast("int32", n) + tirx.const(127, "int32"), tirx.const(23, "int32"))
-    return poly * tirx.reinterpret(f32, bits)
-
 
 @functools.lru_cache(maxsize=None)  # parsing the TVMScript takes ~0.15 s; PrimFuncs are immutable
 def attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float, mi: int, nj: int, ec: int,
@@ -200,8 +175,10 @@ def _scalar_constant(expr) -> float | None:
 
 @relax.expr_functor.mutator
 class _AttentionFuser(relax.PyExprMutator):  # pylint: disable=abstract-method
-    def __init__(self, mod: IRModule, target):
+    def __init__(self, mod: IRModule, target, *, bf16: bool = False):
         super().__init__(mod)
+        # --precision bf16 on AMX: the two products on the tiles (bf16_attention)
+        self.amx = bf16 and bf16_kernel(target) == "amx-bf16"
         self.lanes = _vector_lanes(target)
         self.mi, self.nj = _register_tile(target, self.lanes, None, None)
         self.kernels: dict[tuple, relax.GlobalVar] = {}
@@ -283,6 +260,8 @@ class _AttentionFuser(relax.PyExprMutator):  # pylint: disable=abstract-method
             return None
         if bias is None:
             bias = relax.const(np.zeros((1,), "float32"))
+        if self.amx and bf16_attention.fits(d, e):
+            return self._amx_call(q, kt, v, bias, heads, d, e, scale, layout, zero_dead_rows, qs, vs)
         ec = 2 * self.lanes if e % (2 * self.lanes) == 0 else self.lanes
         key = (heads, d, e, scale, self.mi, self.nj, ec, layout, zero_dead_rows)
         if key not in self.kernels:
@@ -292,6 +271,19 @@ class _AttentionFuser(relax.PyExprMutator):  # pylint: disable=abstract-method
         self.fused += 1
         out = relax.TensorType([qs[0], qs[1], qs[2], vs[3]], "float32")
         return relax.call_tir(self.kernels[key], [q, kt, v, bias], out)
+
+    def _amx_call(self, q, kt, v, bias, heads, d, e, scale, layout, zero_dead_rows, qs, vs):
+        bb = self.builder_
+        packed = [bb.emit(bb.call_te(pack, x, primfunc_name_hint=pack.__name__))
+                  for pack, x in ((bf16_attention.pack_q, q), (bf16_attention.pack_kt, kt), (bf16_attention.pack_v, v))]
+        key = ("amx", heads, d, e, scale, layout, zero_dead_rows)
+        if key not in self.kernels:
+            func = bf16_attention.amx_attention_kernel(heads=heads, qk_dim=d, v_dim=e, scale=scale, bias_dims=layout,
+                                                       zero_dead_rows=zero_dead_rows)
+            self.kernels[key] = self.builder_.add_func(func, "fused_attention_bf16")
+        self.fused += 1
+        out = relax.TensorType([qs[0], qs[1], qs[2], vs[3]], "float32")
+        return relax.call_tir(self.kernels[key], [*packed, kt, bias], out)
 
     @staticmethod
     def _bias_layout(bias, score_shape, same) -> tuple[str, ...] | None:
@@ -320,13 +312,17 @@ class FuseAttention:  # pylint: disable=too-few-public-methods
     """Replace softmax(Q·Kᵀ·c [+ bias])·V (float32, 4-D) by one call of the fused kernel.
 
     CPU (llvm) targets only; before legalization, so the unfused ops never get
-    scheduled. Intermediates the fused call no longer needs are dropped."""
+    scheduled. Intermediates the fused call no longer needs are dropped. ``bf16``
+    (--precision bf16): on AMX, the kernel whose two products run on the tiles."""
+
+    def __init__(self, bf16: bool = False):
+        self.bf16 = bf16
 
     def transform_module(self, mod: IRModule, _ctx) -> IRModule:
         target = tvm.target.Target.current(allow_none=True)
         if target is None or target.kind.name != "llvm":
             return mod
-        fuser = _AttentionFuser(mod, target)
+        fuser = _AttentionFuser(mod, target, bf16=self.bf16)
         fused = _mutate_relax_functions(fuser, mod)
         if not fuser.fused:
             return mod

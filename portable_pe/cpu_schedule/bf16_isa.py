@@ -121,6 +121,8 @@ def _tile_config() -> str:
 
 
 # tiles 0..3: C (rows 0-15 / 16-31 x columns 0-15 / 16-31); 4, 5: A rows; 6, 7: B columns.
+# One call computes NB blocks side by side (C [32, 32 NB]): the tile configuration and
+# release, which cost about as much as a block's K = 256 tile steps, are paid once per NB.
 # 158 = SYS_arch_prctl, 4131 = ARCH_REQ_XCOMP_PERM, 18 = XFEATURE_XTILEDATA.
 AMX_IR = r"""
 declare void @llvm.x86.ldtilecfg(ptr)
@@ -133,7 +135,7 @@ declare i64 @syscall(i64, ...)
 @portable_pe_amx_config = internal constant [64 x i8] c"CONFIG", align 64
 @portable_pe_amx_permitted = internal global i1 false
 
-define internal i32 @portable_pe_amx_bf16(ptr %c, i64 %ldc, ptr %a, i64 %lda, ptr %b, i64 %ldb, i64 %steps) {
+define internal i32 @portable_pe_amx_bf16(ptr %c, i64 %ldc, ptr %a, i64 %lda, ptr %b, i64 %ldb, i64 %steps, i64 %blocks) {
 entry:
   %permitted = load i1, ptr @portable_pe_amx_permitted
   br i1 %permitted, label %start, label %permit
@@ -143,22 +145,31 @@ permit:
   br label %start
 start:
   call void @llvm.x86.ldtilecfg(ptr @portable_pe_amx_config)
+  %a_rows = mul i64 %lda, 16
+  %a1 = getelementptr i8, ptr %a, i64 %a_rows
+  %c_rows = mul i64 %ldc, 16
+  %b_block = mul i64 %ldb, 2
+  br label %block
+block:
+  %n = phi i64 [0, %start], [%n_next, %store]
+  %c_off = mul i64 %n, 128
+  %cn = getelementptr i8, ptr %c, i64 %c_off
+  %b_off = mul i64 %n, %b_block
+  %bn0 = getelementptr i8, ptr %b, i64 %b_off
+  %bn1 = getelementptr i8, ptr %bn0, i64 %ldb
   call void @llvm.x86.tilezero(i8 0)
   call void @llvm.x86.tilezero(i8 1)
   call void @llvm.x86.tilezero(i8 2)
   call void @llvm.x86.tilezero(i8 3)
-  %a_rows = mul i64 %lda, 16
-  %a1 = getelementptr i8, ptr %a, i64 %a_rows
-  %b1 = getelementptr i8, ptr %b, i64 %ldb
   br label %step
 step:
-  %k = phi i64 [0, %start], [%k_next, %step]
+  %k = phi i64 [0, %block], [%k_next, %step]
   %a_off = mul i64 %k, 64
-  %b_off = mul i64 %k, 1024
+  %bk_off = mul i64 %k, 1024
   %pa0 = getelementptr i8, ptr %a, i64 %a_off
   %pa1 = getelementptr i8, ptr %a1, i64 %a_off
-  %pb0 = getelementptr i8, ptr %b, i64 %b_off
-  %pb1 = getelementptr i8, ptr %b1, i64 %b_off
+  %pb0 = getelementptr i8, ptr %bn0, i64 %bk_off
+  %pb1 = getelementptr i8, ptr %bn1, i64 %bk_off
   call void @llvm.x86.tileloadd64(i8 4, ptr %pa0, i64 %lda)
   call void @llvm.x86.tileloadd64(i8 5, ptr %pa1, i64 %lda)
   call void @llvm.x86.tileloadd64(i8 6, ptr %pb0, i64 64)
@@ -168,40 +179,45 @@ step:
   call void @llvm.x86.tdpbf16ps(i8 2, i8 5, i8 6)
   call void @llvm.x86.tdpbf16ps(i8 3, i8 5, i8 7)
   %k_next = add i64 %k, 1
-  %done = icmp eq i64 %k_next, %steps
-  br i1 %done, label %store, label %step
+  %k_done = icmp eq i64 %k_next, %steps
+  br i1 %k_done, label %store, label %step
 store:
-  %c_rows = mul i64 %ldc, 16
-  %c1 = getelementptr i8, ptr %c, i64 64
-  %c2 = getelementptr i8, ptr %c, i64 %c_rows
+  %c1 = getelementptr i8, ptr %cn, i64 64
+  %c2 = getelementptr i8, ptr %cn, i64 %c_rows
   %c3 = getelementptr i8, ptr %c2, i64 64
-  call void @llvm.x86.tilestored64(i8 0, ptr %c, i64 %ldc)
+  call void @llvm.x86.tilestored64(i8 0, ptr %cn, i64 %ldc)
   call void @llvm.x86.tilestored64(i8 1, ptr %c1, i64 %ldc)
   call void @llvm.x86.tilestored64(i8 2, ptr %c2, i64 %ldc)
   call void @llvm.x86.tilestored64(i8 3, ptr %c3, i64 %ldc)
+  %n_next = add i64 %n, 1
+  %n_done = icmp eq i64 %n_next, %blocks
+  br i1 %n_done, label %exit, label %block
+exit:
   call void @llvm.x86.tilerelease()
   ret i32 0
 }
 """.replace("CONFIG", _tile_config())
 
 
-def amx_intrin(k: int) -> str:
-    """The tensor intrinsic for one 32 x 32 block over all of K (K % 32 == 0): C = A x B
-    with B packed [2, K/2, 16, 2] (the block's two column panels); registered once per K."""
-    name = f"portable_pe_amx_bf16_32x32x{k}"
+def amx_intrin(k: int, blocks: int) -> str:
+    """The tensor intrinsic for `blocks` 32 x 32 blocks side by side over all of K
+    (K % 32 == 0): C [32, 32 NB] = A [32, K] x B, with B packed [2 NB, K/2, 16, 2] (the
+    blocks' column panels); registered once per (K, NB)."""
+    name = f"portable_pe_amx_bf16_32x{32 * blocks}x{k}"
     if TensorIntrin.get(name, allow_missing=True) is not None:
         return name
+    n = 32 * blocks
 
     @T.prim_func(s_tir=True)
     def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
         sa, sc = T.int64(), T.int64()
         A = T.match_buffer(a, (32, k), "uint16", offset_factor=1, strides=[sa, 1])
-        B = T.match_buffer(b, (2, k // 2, 16, 2), "uint16", offset_factor=1)
-        C = T.match_buffer(c, (32, 32), "float32", offset_factor=1, strides=[sc, 1])
+        B = T.match_buffer(b, (2 * blocks, k // 2, 16, 2), "uint16", offset_factor=1)
+        C = T.match_buffer(c, (32, n), "float32", offset_factor=1, strides=[sc, 1])
         with T.sblock("root"):
-            T.reads(A[0:32, 0:k], B[0:2, 0:k // 2, 0:16, 0:2])
-            T.writes(C[0:32, 0:32])
-            for i, j, r in T.grid(32, 32, k):
+            T.reads(A[0:32, 0:k], B[0:2 * blocks, 0:k // 2, 0:16, 0:2])
+            T.writes(C[0:32, 0:n])
+            for i, j, r in T.grid(32, n, k):
                 with T.sblock("update"):
                     vi, vj, vr = T.axis.remap("SSR", [i, j, r])
                     T.reads(C[vi, vj], A[vi, vr], B[vj // 16, vr // 2, vj % 16, vr % 2])
@@ -214,15 +230,15 @@ def amx_intrin(k: int) -> str:
     def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
         sa, sc = T.int64(), T.int64()
         A = T.match_buffer(a, (32, k), "uint16", offset_factor=1, strides=[sa, 1])
-        B = T.match_buffer(b, (2, k // 2, 16, 2), "uint16", offset_factor=1)
-        C = T.match_buffer(c, (32, 32), "float32", offset_factor=1, strides=[sc, 1])
+        B = T.match_buffer(b, (2 * blocks, k // 2, 16, 2), "uint16", offset_factor=1)
+        C = T.match_buffer(c, (32, n), "float32", offset_factor=1, strides=[sc, 1])
         with T.sblock("root"):
-            T.reads(A[0:32, 0:k], B[0:2, 0:k // 2, 0:16, 0:2])
-            T.writes(C[0:32, 0:32])
-            # byte strides: C's rows, A's rows, B's second column panel; K / 32 tile steps
+            T.reads(A[0:32, 0:k], B[0:2 * blocks, 0:k // 2, 0:16, 0:2])
+            T.writes(C[0:32, 0:n])
+            # byte strides: C's rows, A's rows, one 16-column panel of B; K / 32 tile steps
             T.evaluate(T.call_extern("int32", "portable_pe_amx_bf16", C.access_ptr("w"), sc * 4,
                                      A.access_ptr("r"), sa * 2, B.access_ptr("r"), T.int64(k * 32),
-                                     T.int64(k // AMX_K)))
+                                     T.int64(k // AMX_K), T.int64(blocks)))
 
     TensorIntrin.register(name, desc, impl)
     return name

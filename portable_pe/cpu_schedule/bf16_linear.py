@@ -13,7 +13,8 @@ epilogue (bias, activation, residual) runs in float32 on its float32 accumulator
 Everything else stays float32: layer norm, softmax and residual sums (they accumulate,
 and bf16's 8 mantissa bits would lose the small terms), the position encodings (RoPE's
 cos/sin, bias tables, embeddings: a rotation by a rounded angle is a different rotation),
-and attention's Q.K^T and P.V (activation x activation; not rewritten here yet). Only
+and attention's Q.K^T and P.V, which on AMX the fused attention kernel runs on the tiles
+(bf16_attention; softmax and scaling stay float32). Only
 matmuls whose K and N fit the target's bf16 kernel (bf16_matmul) are rewritten; the
 others stay float32 and are counted.
 """
@@ -44,15 +45,19 @@ def bf16_bits(x: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(x), np.uint16(_QUIET_NAN), rounded)
 
 
+def bf16_bits_expr(value, *, dtype: str = "uint16"):
+    """bf16_bits of one float32 TIR value: add 0x7FFF plus the lowest kept bit, keep the
+    high half (as `dtype`). NaN is found by its bits (an integer compare, which vectorizes
+    where a float isnan test in a loop with other stores did not)."""
+    bits = tirx.reinterpret("uint32", value)
+    kept_lsb = tirx.bitwise_and(tirx.shift_right(bits, tirx.const(16, "uint32")), tirx.const(1, "uint32"))
+    rounded = tirx.shift_right(bits + tirx.const(0x7FFF, "uint32") + kept_lsb, tirx.const(16, "uint32"))
+    nan = tirx.bitwise_and(bits, tirx.const(0x7FFFFFFF, "uint32")) > tirx.const(0x7F800000, "uint32")
+    return tirx.Select(nan, tirx.const(_QUIET_NAN, dtype), rounded.astype(dtype))
+
+
 def _round_to_bf16_bits(x: te.Tensor) -> te.Tensor:
-    """bf16_bits in TIR: add 0x7FFF plus the lowest kept bit, keep the high half."""
-    def element(*idx):
-        value = x[idx]
-        bits = tirx.reinterpret("uint32", value)
-        kept_lsb = tirx.bitwise_and(tirx.shift_right(bits, tirx.const(16, "uint32")), tirx.const(1, "uint32"))
-        rounded = tirx.shift_right(bits + tirx.const(0x7FFF, "uint32") + kept_lsb, tirx.const(16, "uint32"))
-        return tirx.Select(tirx.isnan(value), tirx.const(_QUIET_NAN, "uint16"), rounded.astype("uint16"))
-    return te.compute(x.shape, element, name="bf16_bits")
+    return te.compute(x.shape, lambda *idx: bf16_bits_expr(x[idx]), name="bf16_bits")
 
 
 def _widen(x):
@@ -132,17 +137,6 @@ def lower_bf16_linear(mod: IRModule, target) -> tuple[IRModule, int, int]:
         # would then fuse the activation's rounding into it instead of the bias after it
         lowered[gv] = lowered[gv].with_attr("op_pattern", _OUT_ELEMWISE_FUSABLE)
     return relax.transform.DeadCodeElimination()(lowered), lowerer.lowered, lowerer.kept
-
-
-def bf16_plan(mod: IRModule, target) -> dict:
-    """What a bf16 build of `mod` runs in bf16 (the manifest's "bf16" section): the
-    pipeline's own passes up to this one, counted."""
-    from .patch_stem import PatchStemAsMatmul
-    with target:
-        _, lowered, kept = lower_bf16_linear(PatchStemAsMatmul(mod), target)
-    return {"kernel": bf16_kernel(target), "matmuls_bf16": lowered, "matmuls_float32": kept,
-            "float32": "layer norm, softmax, residuals, biases and activations, position encodings, "
-                       "attention's Q.K^T and P.V"}
 
 
 @tvm.transform.module_pass(opt_level=0, name="LowerBF16Linear")

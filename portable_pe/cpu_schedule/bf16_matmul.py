@@ -3,9 +3,10 @@ patterns (what bf16_linear emits), with a constant W packed [N/16, K/2, 16, 2].
 
 With AMX (bf16_isa), per 32 x 32 block of C:
 
-    for (batch, jo) in parallel:          # column blocks: W's 32-column panel stays in L2
+    for (batch, jo) in parallel:          # NB column blocks: W's 32 NB-column panel stays in L2
       for io:                             # row blocks: A (M x K bf16) is shared by all jo
-        C[io, jo] = A[io, :] x W[:, jo]   # one micro-kernel call: K/32 steps of 4 tdpbf16ps
+        C[io, jo] = A[io, :] x W[:, jo]   # one micro-kernel call: NB blocks of K/32 steps of
+                                          #   4 tdpbf16ps (NB: up to 4, dividing N/32)
         epilogue on the block             # bias, activation, residual, next rounding to bf16
 
 The block lies in memory between the micro-kernel and the epilogue (AMX has no path from
@@ -47,6 +48,12 @@ def schedule_bf16_matmul(sch, mm_block, other_blocks, target) -> bool:
     return schedule_dot_matmul(sch, mm_block, other_blocks, AVX512_BF16)
 
 
+def _blocks_per_call(column_blocks: int) -> int:
+    """Blocks per micro-kernel call: the largest divisor of N/32 up to 4 (C [32, 128]
+    float32 is 16 KiB, in L1 for the epilogue)."""
+    return next(nb for nb in (4, 3, 2, 1) if column_blocks % nb == 0)
+
+
 def _schedule_amx(sch, mm_block, other_blocks, target) -> bool:
     loops = sch.get_loops(mm_block)
     if len(loops) != len(sch.get(mm_block).iter_vars):
@@ -62,8 +69,9 @@ def _schedule_amx(sch, mm_block, other_blocks, target) -> bool:
     j_var = sch.get(mm_block).iter_vars[len(batch) + 1].var
     if not _pack_constant_weight(sch, mm_block, j_var, 16, kg=2):
         raise ValueError("bf16 matmul without a constant weight to pack (bf16_linear emits only those)")
+    blocks = _blocks_per_call(ext_j // AMX_TILE)
     io, ii = sch.split(li, [None, AMX_TILE])
-    jo, ji = sch.split(lj, [None, AMX_TILE])
+    jo, ji = sch.split(lj, [None, AMX_TILE * blocks])
     sch.reorder(*batch, jo, io, ii, ji, lk)
     for blk in other_blocks:  # the epilogue, per block, while it is in L1
         sch.reverse_compute_at(blk, io, preserve_unit_loops=True)
@@ -71,6 +79,6 @@ def _schedule_amx(sch, mm_block, other_blocks, target) -> bool:
         if inner:
             _vectorize_inner(sch, inner[-1], lanes)
     outermost = _parallel_outer(sch, list(batch) + [jo])
-    sch.tensorize(ii, amx_intrin(ext_k))
+    sch.tensorize(ii, amx_intrin(ext_k, blocks))
     sch.annotate(outermost, "pragma_import_llvm", AMX_IR)
     return True

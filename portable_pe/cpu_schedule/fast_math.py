@@ -3,11 +3,40 @@ to TOPI's vectorizable approximations (applied before legalization)."""
 
 from __future__ import annotations
 
+import math
+
 import tvm
 from tvm import relax
 from tvm.ir import IRModule
 
 from .relax_util import _mutate_relax_functions
+
+_LOG2E = 1.4426950408889634
+# ln 2 in two parts (Cody-Waite): n * _LN2_HI is exact in float32 for |n| <= 127, so
+# r = x - n ln2 keeps its precision; one float32 ln 2 would cost n * 2e-8 of it.
+_LN2_HI = 0.693359375
+_LN2_LO = -2.12194440e-4
+
+
+def _fast_exp(x):
+    """float32 exp(x) from TIR arithmetic only, so it vectorizes (LLVM scalarizes
+    ``llvm.exp`` into libm calls on x86). exp(x) = 2^n · e^r with n = round(x·log2 e)
+    and |r| <= ln2/2; e^r by its degree-7 Taylor polynomial (truncation error
+    below 3e-9 relative, under float32 rounding); 2^n assembled in the exponent
+    bits. x is clamped to [-88, 88.3], which keeps n in [-127, 127]: -inf (the padded
+    columns) and anything below about -87.7 give exactly 0 (n = -127 makes the
+    exponent field 0); above 88.3 the result saturates at exp(88.3) ~ 2e38 instead of
+    overflowing (softmax only calls it on s - max <= 0)."""
+    from tvm import tirx
+    f32 = "float32"
+    x = tirx.max(tirx.min(x, tirx.const(88.3, f32)), tirx.const(-88.0, f32))
+    n = tirx.floor(x * tirx.const(_LOG2E, f32) + tirx.const(0.5, f32))
+    r = (x - n * tirx.const(_LN2_HI, f32)) - n * tirx.const(_LN2_LO, f32)
+    poly = tirx.const(1.0 / math.factorial(7), f32)
+    for k in range(6, -1, -1):
+        poly = poly * r + tirx.const(1.0 / math.factorial(k), f32)
+    bits = tirx.shift_left(tirx.Cast("int32", n) + tirx.const(127, "int32"), tirx.const(23, "int32"))
+    return poly * tirx.reinterpret(f32, bits)
 
 
 # --------------------------------------------------------------------------------------

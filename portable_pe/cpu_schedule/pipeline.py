@@ -156,7 +156,7 @@ def fusion_passes(*, fast_math: bool = True, precision: str = "fp32") -> list:
         LowerQuantizedMatmul(),
         *([LowerBF16Linear()] if precision == "bf16" else []),
         # attention as one kernel (CPU targets); before fast math rewrites its softmax
-        FuseAttention(),
+        FuseAttention(bf16=precision == "bf16"),
         # head splits/merges and q/k/v splits that FuseOps can fuse at a symbolic length
         FusableHeadReshapes(),
         # library dispatch

@@ -1,0 +1,185 @@
+"""--precision bf16 with AMX: the fused attention's two matmuls on AMX tiles.
+
+The float32 kernel (attention.py) computes softmax(Q·Kᵀ·scale + bias)·V per block of
+query rows with FMAs. Here, per 32 query rows of one (batch, head):
+
+1. S [32, S'] = Q16 x K16 on AMX (bf16_isa's micro-kernel, S'/32 blocks in one call),
+   then scale, bias, and -inf past the last key, in float32;
+2. each row's exp(s - max) and 1/sum in float32, as in the float32 kernel; the
+   probabilities rounded to bf16 (to nearest even) for the second matmul;
+3. O [32, E] = P16 x V16 on AMX, scaled by 1/sum in float32.
+
+Q, Kᵀ and V come rounded to bf16 and laid out for the tiles by three small kernels
+(``pack_*``, one pass over each, which FuseOps may fuse into the kernels that make them):
+Q with its rows padded to 32, Kᵀ and V in the VNNI pairs layout the micro-kernel takes
+as its B operand, their key axis padded to 32 with zeros. The scores, the softmax and
+the output scaling stay float32; what is bf16 is the operands of the two products, as in
+a bf16 linear layer (bf16_linear). Needs head dims that are multiples of 32.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+from tvm import te, tirx
+
+from .fast_math import _fast_exp
+from .bf16_isa import AMX_IR
+from .bf16_linear import bf16_bits_expr
+
+_ROWS = 32   # query rows per work item: one AMX block
+_KEYS = 32   # the key axis is padded to this (one AMX block of S, and K-steps of P x V)
+
+
+def fits(qk_dim: int, v_dim: int) -> bool:
+    return qk_dim % 32 == 0 and v_dim % 32 == 0
+
+
+def _padded(n, to: int):
+    return (n + (to - 1)) // to * to
+
+
+def pack_q(q: te.Tensor) -> te.Tensor:
+    """[B, H, T, D] float32 -> [B, H, T', D] bf16 bits, T' = T rounded up to 32 (zero rows)."""
+    b, h, t, d = q.shape
+    return te.compute((b, h, _padded(t, _ROWS), d),
+                      lambda i, j, r, c: tirx.if_then_else(r < t, bf16_bits_expr(q[i, j, tirx.min(r, t - 1), c]),
+                                                           tirx.const(0, "uint16")), name="pack_q")
+
+
+def _pair(low, high):
+    """Two bf16 bit patterns as one uint32, the first in the low half: in memory, the
+    [..., 16, 2] pairs layout (x86 is little-endian), written as one contiguous vector."""
+    return tirx.bitwise_or(tirx.shift_left(bf16_bits_expr(high, dtype="uint32"), tirx.const(16, "uint32")),
+                           bf16_bits_expr(low, dtype="uint32"))
+
+
+def pack_kt(kt: te.Tensor) -> te.Tensor:
+    """Kᵀ [B, H, D, S] -> [B, H, S'/16, D/2, 16] uint32 (= [..., 16, 2] bf16): 16 keys per
+    panel, the head dim in pairs (what one AMX B tile row holds), S' = S rounded up to 32
+    (zero keys). Each output vector reads two contiguous rows of Kᵀ."""
+    b, h, d, s = kt.shape
+
+    def element(i, j, panel, pair, lane):
+        key = panel * 16 + lane
+        safe = tirx.min(key, s - 1)
+        return tirx.if_then_else(key < s, _pair(kt[i, j, pair * 2, safe], kt[i, j, pair * 2 + 1, safe]),
+                                 tirx.const(0, "uint32"))
+    return te.compute((b, h, _padded(s, _KEYS) // 16, d // 2, 16), element, name="pack_kt")
+
+
+def pack_v(v: te.Tensor) -> te.Tensor:
+    """V [B, H, S, E] -> [B, H, E/16, S'/2, 16] uint32 (= [..., 16, 2] bf16): 16 output
+    columns per panel, the key axis in pairs, S' = S rounded up to 32 (zero rows: their
+    probabilities are 0). Each output vector reads two contiguous rows of V."""
+    b, h, s, e = v.shape
+
+    def element(i, j, panel, pair, lane):
+        first, second = pair * 2, pair * 2 + 1
+        col = panel * 16 + lane
+        low = tirx.if_then_else(first < s, v[i, j, tirx.min(first, s - 1), col], tirx.const(0.0, "float32"))
+        high = tirx.if_then_else(second < s, v[i, j, tirx.min(second, s - 1), col], tirx.const(0.0, "float32"))
+        return _pair(low, high)
+    return te.compute((b, h, e // 16, _padded(s, _KEYS) // 2, 16), element, name="pack_v")
+
+
+@functools.lru_cache(maxsize=None)
+def amx_attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float,
+                         bias_dims: tuple[str, ...] = ("1",), zero_dead_rows: bool = False):
+    """The fused PrimFunc (same bias and dead-row contract as attention.attention_kernel),
+    over the packed operands; ``kt`` (float32) is passed for the true key count only."""
+    from tvm.script import tirx as T
+
+    H, D, E = heads, qk_dim, v_dim
+    lanes = 16
+    neg_inf = -math.inf
+
+    def bias_shape(B, Tq, S):
+        return tuple({"b": B, "h": H, "t": Tq, "s": S, "1": 1}[d] for d in bias_dims)
+
+    def bias_at(b, h, i, j):
+        return tuple({"b": b, "h": h, "t": i, "s": j, "1": 0}[d] for d in bias_dims)
+
+    @T.prim_func(private=True)
+    def fused_attention_bf16(q_h: T.handle, kp_h: T.handle, vp_h: T.handle, kt_h: T.handle, bias_h: T.handle,
+                             o_h: T.handle):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        B = T.int64()
+        Tp = T.int64()
+        Tq = T.int64()
+        S = T.int64()
+        Sb = T.int64()
+        Sh = T.int64()
+        q = T.match_buffer(q_h, (B, H, Tp, D), "uint16")
+        kp = T.match_buffer(kp_h, (B, H, Sb, D // 2, 16), "uint32")  # bf16 pairs
+        vp = T.match_buffer(vp_h, (B, H, E // 16, Sh, 16), "uint32")
+        kt = T.match_buffer(kt_h, (B, H, D, S), "float32")
+        bias = T.match_buffer(bias_h, bias_shape(B, Tq, S), "float32")
+        o = T.match_buffer(o_h, (B, H, Tq, E), "float32")
+        n_rb = T.meta_var(Tp // 32)
+        s_pad = T.meta_var(Sb * 16)
+        for item in T.parallel(B * H * n_rb, annotations={"pragma_import_llvm": AMX_IR}):
+            b = T.meta_var(item // (H * n_rb))
+            h = T.meta_var(item // n_rb % H)
+            i0 = T.meta_var(item % n_rb * 32)
+            p = T.decl_buffer((32, s_pad), "float32")
+            p16 = T.decl_buffer((32, s_pad), "uint16")
+            out = T.decl_buffer((32, E), "float32")
+            row_max = T.decl_buffer((32,), "float32")
+            row_inv = T.decl_buffer((32,), "float32")
+            lane = T.decl_buffer((lanes,), "float32")
+            # 1. S = Q Kᵀ on the tiles (byte strides: rows of p, of q, one 16-key panel of kp)
+            T.evaluate(T.call_extern("int32", "portable_pe_amx_bf16", T.address_of(p[0, 0]), s_pad * 4,
+                                     T.address_of(q[b, h, i0, 0]), T.int64(D * 2),
+                                     T.address_of(kp[b, h, 0, 0, 0]), T.int64(D * 32),
+                                     T.int64(D // 32), s_pad // 32))
+            for r in range(32):
+                for jb in range(s_pad // lanes):
+                    for l in T.vectorized(lanes):
+                        p[r, jb * lanes + l] = T.if_then_else(
+                            jb * lanes + l < S,
+                            p[r, jb * lanes + l] * T.float32(scale) + bias[
+                                bias_at(b, h, T.min(i0 + r, Tq - 1), T.min(jb * lanes + l, S - 1))],
+                            T.float32(neg_inf))
+            # 2. p = exp(s - row max), rounded to bf16; 1/row sum kept (of the float32 p)
+            for r in range(32):
+                for l in T.vectorized(lanes):
+                    lane[l] = T.float32(neg_inf)
+                for jb in range(s_pad // lanes):
+                    for l in T.vectorized(lanes):
+                        lane[l] = T.max(lane[l], p[r, jb * lanes + l])
+                row_max[r] = T.float32(neg_inf)
+                for l in range(lanes):
+                    row_max[r] = T.max(row_max[r], lane[l])
+                for l in T.vectorized(lanes):
+                    lane[l] = T.float32(0)
+                if zero_dead_rows:
+                    row_max[r] = T.max(row_max[r], T.float32(-3.4028234663852886e38))
+                for jb in range(s_pad // lanes):
+                    for l in T.vectorized(lanes):
+                        p[r, jb * lanes + l] = _fast_exp(p[r, jb * lanes + l] - row_max[r])
+                        lane[l] = lane[l] + p[r, jb * lanes + l]
+                for jb in range(s_pad // lanes):  # its own loop: it vectorizes there
+                    for l in T.vectorized(lanes):
+                        p16[r, jb * lanes + l] = bf16_bits_expr(p[r, jb * lanes + l])
+                row_inv[r] = T.float32(0)
+                for l in range(lanes):
+                    row_inv[r] = row_inv[r] + lane[l]
+                if zero_dead_rows:
+                    row_inv[r] = T.if_then_else(row_inv[r] > T.float32(0), T.float32(1) / row_inv[r],
+                                                T.float32(0))
+                else:
+                    row_inv[r] = T.float32(1) / row_inv[r]
+            # 3. O = P V on the tiles (rows of out, of p16, one 16-column panel of vp)
+            T.evaluate(T.call_extern("int32", "portable_pe_amx_bf16", T.address_of(out[0, 0]), T.int64(E * 4),
+                                     T.address_of(p16[0, 0]), s_pad * 2,
+                                     T.address_of(vp[b, h, 0, 0, 0]), Sh * 64,
+                                     s_pad // 32, T.int64(E // 32)))
+            for r in range(32):
+                if i0 + r < Tq:
+                    for c in range(E // lanes):
+                        for l in T.vectorized(lanes):
+                            o[b, h, i0 + r, c * lanes + l] = out[r, c * lanes + l] * row_inv[r]
+
+    return fused_attention_bf16

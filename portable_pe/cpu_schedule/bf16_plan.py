@@ -1,0 +1,41 @@
+"""What a --precision bf16 build runs in bf16: the manifest's "bf16" section."""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+from tvm.ir import IRModule
+
+from .attention import FuseAttention
+from .bf16_isa import bf16_kernel
+from .bf16_linear import lower_bf16_linear
+from .patch_stem import PatchStemAsMatmul
+
+
+def bf16_plan(mod: IRModule, target) -> dict:
+    """What a bf16 build of `mod` runs in bf16 (the manifest's "bf16" section): the
+    pipeline's own passes up to this one, counted."""
+    with target:
+        fused = FuseAttention(bf16=True)(PatchStemAsMatmul(mod))
+        _, lowered, kept = lower_bf16_linear(fused, target)
+    calls = _attention_calls(fused)
+    attention, in_bf16 = sum(calls.values()), calls.get("fused_attention_bf16", 0)
+    return {"kernel": bf16_kernel(target), "matmuls_bf16": lowered, "matmuls_float32": kept,
+            "attentions_bf16": in_bf16, "attentions_float32": attention - in_bf16,
+            "float32": "layer norm, softmax, residuals, biases and activations, position encodings"
+                       + ("" if in_bf16 and in_bf16 == attention else
+                          ", attention's Q.K^T and P.V (bf16 on AMX with head dims that are multiples of 32)")}
+
+
+def _attention_calls(mod: IRModule) -> dict[str, int]:
+    """How many times the Relax functions call each fused attention kernel (by kind)."""
+    call_tir, found = tvm.ir.Op.get("relax.call_tir"), {}
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and expr.op.same_as(call_tir) and expr.args[0].name_hint.startswith("fused_attention"):
+            kind = "fused_attention_bf16" if expr.args[0].name_hint.startswith("fused_attention_bf16") else "fused_attention"
+            found[kind] = found.get(kind, 0) + 1
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return found
