@@ -274,16 +274,18 @@ class _AttentionFuser(relax.PyExprMutator):  # pylint: disable=abstract-method
 
     def _amx_call(self, q, kt, v, bias, heads, d, e, scale, layout, zero_dead_rows, qs, vs):
         bb = self.builder_
-        packed = [bb.emit(bb.call_te(pack, x, primfunc_name_hint=pack.__name__))
-                  for pack, x in ((bf16_attention.pack_q, q), (bf16_attention.pack_kt, kt), (bf16_attention.pack_v, v))]
-        key = ("amx", heads, d, e, scale, layout, zero_dead_rows)
+        packed = [bb.emit(bb.call_te(bf16_attention.pack_q, q, scale, primfunc_name_hint="pack_q"))]
+        packed += [bb.emit(bb.call_te(pack, x, primfunc_name_hint=pack.__name__))
+                   for pack, x in ((bf16_attention.pack_kt, kt), (bf16_attention.pack_v, v))]
+        key = ("amx", heads, d, e, layout, zero_dead_rows)
         if key not in self.kernels:
-            func = bf16_attention.amx_attention_kernel(heads=heads, qk_dim=d, v_dim=e, scale=scale, bias_dims=layout,
+            func = bf16_attention.amx_attention_kernel(heads=heads, qk_dim=d, v_dim=e, bias_dims=layout,
                                                        zero_dead_rows=zero_dead_rows)
             self.kernels[key] = self.builder_.add_func(func, "fused_attention_bf16")
         self.fused += 1
         out = relax.TensorType([qs[0], qs[1], qs[2], vs[3]], "float32")
-        return relax.call_tir(self.kernels[key], [*packed, kt, bias], out)
+        keys = bb.emit(relax.op.zeros(relax.ShapeExpr([vs[2]]), "uint8"))  # S bytes: the key count as a shape
+        return relax.call_tir(self.kernels[key], [*packed, keys, bias], out)
 
     @staticmethod
     def _bias_layout(bias, score_shape, same) -> tuple[str, ...] | None:

@@ -4,9 +4,10 @@ The float32 kernel (attention.py) computes softmax(Q·Kᵀ·scale + bias)·V per
 query rows with FMAs. Here, per 32 query rows of one (batch, head):
 
 1. S [32, S'] = Q16 x K16 on AMX (bf16_isa's micro-kernel, S'/32 blocks in one call),
-   then scale, bias, and -inf past the last key, in float32;
-2. each row's exp(s - max) and 1/sum in float32, as in the float32 kernel; the
-   probabilities rounded to bf16 (to nearest even) for the second matmul;
+   Q scaled before it was rounded (pack_q);
+2. per row, in float32: the bias and the row max in one pass (-inf past the last key),
+   then exp(s - max), its sum, and the probabilities rounded to bf16 (to nearest even)
+   for the second matmul in a second;
 3. O [32, E] = P16 x V16 on AMX, scaled by 1/sum in float32.
 
 Q, Kᵀ and V come rounded to bf16 and laid out for the tiles by three small kernels
@@ -40,12 +41,16 @@ def _padded(n, to: int):
     return (n + (to - 1)) // to * to
 
 
-def pack_q(q: te.Tensor) -> te.Tensor:
-    """[B, H, T, D] float32 -> [B, H, T', D] bf16 bits, T' = T rounded up to 32 (zero rows)."""
+def pack_q(q: te.Tensor, scale: float) -> te.Tensor:
+    """[B, H, T, D] float32 -> Q·scale as [B, H, T', D] bf16 bits, T' = T rounded up to 32
+    (zero rows). The scores come out scaled; for a power-of-two scale (1/sqrt(64) = 1/8)
+    the rounding is that of Q itself."""
     b, h, t, d = q.shape
+    factor = tirx.const(scale, "float32")
     return te.compute((b, h, _padded(t, _ROWS), d),
-                      lambda i, j, r, c: tirx.if_then_else(r < t, bf16_bits_expr(q[i, j, tirx.min(r, t - 1), c]),
-                                                           tirx.const(0, "uint16")), name="pack_q")
+                      lambda i, j, r, c: tirx.if_then_else(
+                          r < t, bf16_bits_expr(q[i, j, tirx.min(r, t - 1), c] * factor), tirx.const(0, "uint16")),
+                      name="pack_q")
 
 
 def _pair(low, high):
@@ -85,15 +90,18 @@ def pack_v(v: te.Tensor) -> te.Tensor:
 
 
 @functools.lru_cache(maxsize=None)
-def amx_attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float,
-                         bias_dims: tuple[str, ...] = ("1",), zero_dead_rows: bool = False):
+def amx_attention_kernel(*, heads: int, qk_dim: int, v_dim: int, bias_dims: tuple[str, ...] = ("1",), zero_dead_rows: bool = False):
     """The fused PrimFunc (same bias and dead-row contract as attention.attention_kernel),
-    over the packed operands; ``kt`` (float32) is passed for the true key count only."""
+    over the packed operands (Q already scaled by pack_q). The key count ``S`` comes as the
+    shape of ``keys``, S bytes (TVM 0.27's call_tir passes no scalars): passing Kᵀ for it
+    would keep Kᵀ alive beside its packed copy, and FuseOps could not fuse the pack into
+    the kernel that makes Kᵀ."""
     from tvm.script import tirx as T
 
     H, D, E = heads, qk_dim, v_dim
     lanes = 16
     neg_inf = -math.inf
+    has_bias = bias_dims != ("1",)  # ("1",): no bias (a one-element zero)
 
     def bias_shape(B, Tq, S):
         return tuple({"b": B, "h": H, "t": Tq, "s": S, "1": 1}[d] for d in bias_dims)
@@ -102,7 +110,7 @@ def amx_attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float,
         return tuple({"b": b, "h": h, "t": i, "s": j, "1": 0}[d] for d in bias_dims)
 
     @T.prim_func(private=True)
-    def fused_attention_bf16(q_h: T.handle, kp_h: T.handle, vp_h: T.handle, kt_h: T.handle, bias_h: T.handle,
+    def fused_attention_bf16(q_h: T.handle, kp_h: T.handle, vp_h: T.handle, keys_h: T.handle, bias_h: T.handle,
                              o_h: T.handle):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
         B = T.int64()
@@ -114,11 +122,12 @@ def amx_attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float,
         q = T.match_buffer(q_h, (B, H, Tp, D), "uint16")
         kp = T.match_buffer(kp_h, (B, H, Sb, D // 2, 16), "uint32")  # bf16 pairs
         vp = T.match_buffer(vp_h, (B, H, E // 16, Sh, 16), "uint32")
-        kt = T.match_buffer(kt_h, (B, H, D, S), "float32")
+        T.match_buffer(keys_h, (S,), "uint8")  # its shape is the key count; nothing is read
         bias = T.match_buffer(bias_h, bias_shape(B, Tq, S), "float32")
         o = T.match_buffer(o_h, (B, H, Tq, E), "float32")
         n_rb = T.meta_var(Tp // 32)
         s_pad = T.meta_var(Sb * 16)
+        n_full = T.meta_var(S // lanes)  # chunks of 16 keys that are all real
         for item in T.parallel(B * H * n_rb, annotations={"pragma_import_llvm": AMX_IR}):
             b = T.meta_var(item // (H * n_rb))
             h = T.meta_var(item // n_rb % H)
@@ -134,34 +143,36 @@ def amx_attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float,
                                      T.address_of(q[b, h, i0, 0]), T.int64(D * 2),
                                      T.address_of(kp[b, h, 0, 0, 0]), T.int64(D * 32),
                                      T.int64(D // 32), s_pad // 32))
-            for r in range(32):
-                for jb in range(s_pad // lanes):
-                    for l in T.vectorized(lanes):
-                        p[r, jb * lanes + l] = T.if_then_else(
-                            jb * lanes + l < S,
-                            p[r, jb * lanes + l] * T.float32(scale) + bias[
-                                bias_at(b, h, T.min(i0 + r, Tq - 1), T.min(jb * lanes + l, S - 1))],
-                            T.float32(neg_inf))
-            # 2. p = exp(s - row max), rounded to bf16; 1/row sum kept (of the float32 p)
+            # 2. per row: the bias added and the max taken in one pass, -inf past the last
+            #    key; then exp(s - max) with its sum, and the bf16 probabilities
             for r in range(32):
                 for l in T.vectorized(lanes):
                     lane[l] = T.float32(neg_inf)
-                for jb in range(s_pad // lanes):
+                for jb in range(n_full):
                     for l in T.vectorized(lanes):
+                        if has_bias:
+                            p[r, jb * lanes + l] = p[r, jb * lanes + l] + bias[
+                                bias_at(b, h, T.min(i0 + r, Tq - 1), jb * lanes + l)]
+                        lane[l] = T.max(lane[l], p[r, jb * lanes + l])
+                for jb in range(n_full, s_pad // lanes):
+                    for l in T.vectorized(lanes):
+                        p[r, jb * lanes + l] = T.if_then_else(
+                            jb * lanes + l < S,
+                            p[r, jb * lanes + l] + bias[bias_at(b, h, T.min(i0 + r, Tq - 1),
+                                                                T.min(jb * lanes + l, S - 1))],
+                            T.float32(neg_inf))
                         lane[l] = T.max(lane[l], p[r, jb * lanes + l])
                 row_max[r] = T.float32(neg_inf)
                 for l in range(lanes):
                     row_max[r] = T.max(row_max[r], lane[l])
                 for l in T.vectorized(lanes):
                     lane[l] = T.float32(0)
-                if zero_dead_rows:
+                if zero_dead_rows:  # -inf - -inf would be NaN: every p of a dead row becomes 0
                     row_max[r] = T.max(row_max[r], T.float32(-3.4028234663852886e38))
                 for jb in range(s_pad // lanes):
                     for l in T.vectorized(lanes):
                         p[r, jb * lanes + l] = _fast_exp(p[r, jb * lanes + l] - row_max[r])
                         lane[l] = lane[l] + p[r, jb * lanes + l]
-                for jb in range(s_pad // lanes):  # its own loop: it vectorizes there
-                    for l in T.vectorized(lanes):
                         p16[r, jb * lanes + l] = bf16_bits_expr(p[r, jb * lanes + l])
                 row_inv[r] = T.float32(0)
                 for l in range(lanes):
