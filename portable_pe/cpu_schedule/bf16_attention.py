@@ -138,6 +138,7 @@ def amx_attention_kernel(*, heads: int, qk_dim: int, v_dim: int, bias_dims: tupl
             row_max = T.decl_buffer((32,), "float32")
             row_inv = T.decl_buffer((32,), "float32")
             lane = T.decl_buffer((lanes,), "float32")
+            e = T.decl_buffer((lanes,), "float32")
             # 1. S = Q Kᵀ on the tiles (byte strides: rows of p, of q, one 16-key panel of kp)
             T.evaluate(T.call_extern("int32", "portable_pe_amx_bf16", T.address_of(p[0, 0]), s_pad * 4,
                                      T.address_of(q[b, h, i0, 0]), T.int64(D * 2),
@@ -170,10 +171,10 @@ def amx_attention_kernel(*, heads: int, qk_dim: int, v_dim: int, bias_dims: tupl
                 if zero_dead_rows:  # -inf - -inf would be NaN: every p of a dead row becomes 0
                     row_max[r] = T.max(row_max[r], T.float32(-3.4028234663852886e38))
                 for jb in range(s_pad // lanes):
-                    for l in T.vectorized(lanes):
-                        p[r, jb * lanes + l] = _fast_exp(p[r, jb * lanes + l] - row_max[r])
-                        lane[l] = lane[l] + p[r, jb * lanes + l]
-                        p16[r, jb * lanes + l] = bf16_bits_expr(p[r, jb * lanes + l])
+                    for l in T.vectorized(lanes):  # e in registers: only its sum and bf16 copy are kept
+                        e[l] = _fast_exp(p[r, jb * lanes + l] - row_max[r], degree=5)
+                        lane[l] = lane[l] + e[l]
+                        p16[r, jb * lanes + l] = bf16_bits_expr(e[l])
                 row_inv[r] = T.float32(0)
                 for l in range(lanes):
                     row_inv[r] = row_inv[r] + lane[l]

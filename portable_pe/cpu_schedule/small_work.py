@@ -50,6 +50,16 @@ def _iterations(stmt, outer_vars: set) -> tvm.tirx.PrimExpr | int:
     return 1
 
 
+def _small_when_non_empty(small) -> bool:
+    """Whether the work test holds with every symbolic dim at 1, the smallest input that is
+    not empty (work grows with every dim, so it then holds for no non-empty input)."""
+    analyzer = Analyzer()
+    for var in tirx.analysis.undefined_vars(small, []):
+        analyzer.bind(var, tirx.const(1, str(var.ty.dtype)))  # TVM 0.27: a Var's dtype is on its type
+    folded = analyzer.simplify(small)
+    return not (_node(folded) == "IntImm" and not folded.value)
+
+
 def _buffers_touched(stmt) -> list:
     """Buffers read or written by the blocks under `stmt`."""
     return [_region_buffer(r) for block in _blocks_under(stmt) for r in (*block.reads, *block.writes)]
@@ -88,6 +98,12 @@ def serial_when_small(func: tirx.PrimFunc, limit: int = SERIAL_BELOW_ITERATIONS)
             small = bool(small if isinstance(small, bool) else small.value)
             new_items.append(_serial(stmt) if small else stmt)
             changed |= small
+            continue
+        if not _small_when_non_empty(small):
+            # e.g. "T < 1" for a nest over 32-row blocks of 8 x 512 elements: its serial
+            # copy would run only on an empty input, and TVM's simplifier, told T < 1,
+            # divides by the zero block count it then derives ("Divide by zero")
+            new_items.append(stmt)
             continue
         # A root-allocated intermediate of this nest only (a matmul's accumulator tile, a
         # norm's row sums) is compacted by TVM into a small stack array at the nest's
