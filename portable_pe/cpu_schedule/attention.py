@@ -40,6 +40,8 @@ from .tir_util import _const_int, _vector_lanes
 
 logger = logging.getLogger(__package__)
 
+_INJECTIVE = 2  # OpPatternKind kInjective
+
 @functools.lru_cache(maxsize=None)  # parsing the TVMScript takes ~0.15 s; PrimFuncs are immutable
 def attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float, mi: int, nj: int, ec: int,
                      bias_dims: tuple[str, ...] = ("1",), zero_dead_rows: bool = False):
@@ -274,9 +276,16 @@ class _AttentionFuser(relax.PyExprMutator):  # pylint: disable=abstract-method
 
     def _amx_call(self, q, kt, v, bias, heads, d, e, scale, layout, zero_dead_rows, qs, vs):
         bb = self.builder_
-        packed = [bb.emit(bb.call_te(bf16_attention.pack_q, q, scale, primfunc_name_hint="pack_q"))]
-        packed += [bb.emit(bb.call_te(pack, x, primfunc_name_hint=pack.__name__))
-                   for pack, x in ((bf16_attention.pack_kt, kt), (bf16_attention.pack_v, v))]
+        calls = [bb.call_te(bf16_attention.pack_q, q, scale, primfunc_name_hint="pack_q")]
+        calls += [bb.call_te(pack, x, primfunc_name_hint=pack.__name__)
+                  for pack, x in ((bf16_attention.pack_kt, kt), (bf16_attention.pack_v, v))]
+        for call in calls:
+            # injective (each element one read of its operand): FuseOps may fuse the pack into
+            # the kernel that makes the operand; AnnotateTIROpPattern would call its clamped,
+            # guarded reads opaque
+            gv = call.args[0]
+            bb.update_func(gv, bb.get()[gv].with_attr("op_pattern", _INJECTIVE))
+        packed = [bb.emit(call) for call in calls]
         key = ("amx", heads, d, e, layout, zero_dead_rows)
         if key not in self.kernels:
             func = bf16_attention.amx_attention_kernel(heads=heads, qk_dim=d, v_dim=e, bias_dims=layout,
