@@ -9,8 +9,9 @@
    (each step's present K/V fed back), max abs error per step against transformers'
    own generation-time run.
 3. bench: a Llama-style export (width 256, 4 layers, GQA) at B=1, T=128, compiled by
-   portable-pe, against onnxruntime (default settings) on the same file, timed in
-   alternating blocks.
+   portable-pe (float32, and --precision bf16 on a CPU with bf16 instructions), against
+   onnxruntime (default settings) and OpenVINO (default, and f32) on the same file, timed
+   in alternating blocks.
 
     python scripts/hf_table.py                       # everything (about an hour on 2 cores)
     python scripts/hf_table.py --archs llama,bert --no-bench
@@ -142,9 +143,12 @@ def kv_row(arch: str, key: str, work: Path) -> dict:
 
 
 def bench_row(work: Path, *, blocks: int, runs: int) -> dict:
-    """Llama-style export at B=1, T=128: portable-pe's build vs onnxruntime (defaults) on the
-    same file, alternating blocks of `runs` calls each, medians of the per-call times."""
+    """Llama-style export at B=1, T=128: portable-pe's float32 build, and its --precision bf16
+    build where this CPU has bf16 instructions, against onnxruntime (defaults) and OpenVINO
+    (its default, bf16 compute on bf16 CPUs, and asked for f32) on the same file,
+    alternating blocks of `runs` calls each, medians of the per-call times."""
     import onnxruntime as ort
+    import openvino as ov
     import torch
     import transformers
     from portable_pe.compile.pipeline import compile_graph
@@ -157,17 +161,31 @@ def bench_row(work: Path, *, blocks: int, runs: int) -> dict:
     torch.manual_seed(0)
     model = transformers.LlamaModel(config).eval()
     path = export_hf(model, work / "llama-bench.onnx", exporter="dynamo", opset=18)
-    bundle = compile_graph(str(path), target="llvm", out=work / "llama-bench-bundle", log=lambda m: None)
+    bundles = {"tvm": compile_graph(str(path), target="llvm", out=work / "llama-bench-bundle", log=lambda m: None)}
+    try:
+        bundles["tvm-bf16"] = compile_graph(str(path), target="llvm", out=work / "llama-bench-bf16", precision="bf16",
+                                            log=lambda m: None)
+    except ValueError as err:  # a CPU without bf16 instructions: the row says why
+        bf16_missing = str(err)
+    else:
+        bf16_missing = None
     ids = token_ids(model, 128, seed=7)
-    runner = LocalRunner(bundle)
-    session = ort.InferenceSession(str(path))  # default settings: all cores, spinning pool
     want = torch_hidden(model, ids)
-    got_tvm = runner.run({"input_ids": ids})["last_hidden_state"]
-    got_ort = session.run(None, {"input_ids": ids})[0]
     import tvm
-    main = runner.vm["main"]
-    arg = tvm.runtime.tensor(ids)
-    engines = {"tvm": lambda: main(arg), "onnxruntime": lambda: session.run(None, {"input_ids": ids})}
+    engines, outputs = {}, {}
+    for name, bundle in bundles.items():
+        runner = LocalRunner(bundle)
+        outputs[name] = runner.run({"input_ids": ids})["last_hidden_state"]
+        main, arg = runner.vm["main"], tvm.runtime.tensor(ids)
+        engines[name] = (lambda m, a: lambda: m(a))(main, arg)
+    session = ort.InferenceSession(str(path))  # default settings: all cores, spinning pool
+    outputs["onnxruntime"] = session.run(None, {"input_ids": ids})[0]
+    engines["onnxruntime"] = lambda: session.run(None, {"input_ids": ids})
+    for name, config_ov in (("openvino", {}), ("openvino-f32", {"INFERENCE_PRECISION_HINT": "f32"})):
+        compiled = ov.Core().compile_model(str(path), "CPU", config_ov)
+        request = compiled.create_infer_request()
+        outputs[name] = np.asarray(request.infer({"input_ids": ids})[compiled.outputs[0]])
+        engines[name] = (lambda r: lambda: r.infer({"input_ids": ids}))(request)
     times = {name: [] for name in engines}
     for name, fn in engines.items():  # warm-up
         for _ in range(3):
@@ -180,13 +198,22 @@ def bench_row(work: Path, *, blocks: int, runs: int) -> dict:
                 engines[name]()
                 times[name].append(time.perf_counter() - t)
     med = {name: float(np.median(v)) * 1e3 for name, v in times.items()}
+
+    def cosine(a, b):
+        a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+        return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
     return {"config": "LlamaModel hidden 256, 4 layers, 8 heads (4 KV), ffn 688, dynamo opset 18",
             "B": 1, "T": 128, "median_ms": med, "ratio_tvm_to_ort": med["tvm"] / med["onnxruntime"],
-            "max_abs_tvm_vs_torch": float(np.abs(got_tvm - want).max()),
-            "max_abs_ort_vs_torch": float(np.abs(got_ort - want).max()),
+            "ratio_bf16_to_openvino": med["tvm-bf16"] / med["openvino"] if "tvm-bf16" in med else None,
+            "bf16_missing": bf16_missing,
+            "max_abs_vs_torch": {name: float(np.abs(out - want).max()) for name, out in outputs.items()},
+            "cosine_vs_torch": {name: cosine(out, want) for name, out in outputs.items()},
+            "openvino_default_precision": str(ov.Core().compile_model(str(path), "CPU").get_property(
+                "INFERENCE_PRECISION_HINT")),
             "blocks": blocks, "runs_per_block": runs,
             "threads": f"defaults: TVM {tvm.get_global_func('runtime.NumThreads')()} (portable_pe sizes its pool "
-                       f"by physical cores), onnxruntime one per physical core ({physical_cores()})"}
+                       f"by physical cores), onnxruntime one per physical core ({physical_cores()}), "
+                       f"OpenVINO its own (every core)"}
 
 
 def to_markdown(result: dict) -> str:
@@ -207,10 +234,15 @@ def to_markdown(result: dict) -> str:
             lines.append(f"| {r['arch']} | {r['export']} | {r['result']} | {steps} |")
     if result.get("bench"):
         b = result["bench"]
-        lines += ["", f"bench: {b['config']}, B={b['B']} T={b['T']}: tvm {b['median_ms']['tvm']:.2f} ms, "
-                  f"onnxruntime {b['median_ms']['onnxruntime']:.2f} ms (median, {b['blocks']} alternating blocks "
-                  f"of {b['runs_per_block']} runs, threads {b['threads']}) -> tvm/ort = {b['ratio_tvm_to_ort']:.2f}x; "
-                  f"max abs vs PyTorch: tvm {b['max_abs_tvm_vs_torch']:.1e}, ort {b['max_abs_ort_vs_torch']:.1e}"]
+        lines += ["", f"bench: {b['config']}, B={b['B']} T={b['T']}; median ms of {b['blocks']} alternating blocks "
+                  f"of {b['runs_per_block']} runs; threads {b['threads']}; OpenVINO's default precision here: "
+                  f"{b['openvino_default_precision']}" + (f"; no bf16 build: {b['bf16_missing']}" if b["bf16_missing"] else ""),
+                  "", "| engine | median ms | cosine vs PyTorch | max abs vs PyTorch |", "|---|---:|---:|---:|"]
+        for name, ms in b["median_ms"].items():
+            lines.append(f"| {name} | {ms:.2f} | {b['cosine_vs_torch'][name]:.6f} | {b['max_abs_vs_torch'][name]:.1e} |")
+        lines += ["", f"tvm / onnxruntime = {b['ratio_tvm_to_ort']:.2f}"
+                  + (f"; tvm-bf16 / openvino (default) = {b['ratio_bf16_to_openvino']:.2f}"
+                     if b["ratio_bf16_to_openvino"] is not None else "")]
     return "\n".join(lines) + "\n"
 
 

@@ -28,7 +28,7 @@ import tvm
 from tvm import relax, te, tirx
 from tvm.ir import IRModule
 
-from .bf16_isa import KERNEL_FEATURES, bf16_kernel
+from .bf16_isa import AMX_K, AMX_TILE, KERNEL_FEATURES, bf16_kernel
 from .bf16_matmul import fits_avx512
 from .relax_util import _mutate_relax_functions, _tensor_type, bound_call, rewrite_matmul
 
@@ -36,6 +36,7 @@ logger = logging.getLogger(__package__)
 
 _QUIET_NAN = 0x7FC0
 _OUT_ELEMWISE_FUSABLE = 4  # tvm.relay/relax OpPatternKind kOutEWiseFusable
+_INJECTIVE = 2
 
 
 def bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -56,8 +57,22 @@ def bf16_bits_expr(value, *, dtype: str = "uint16"):
     return tirx.Select(nan, tirx.const(_QUIET_NAN, dtype), rounded.astype(dtype))
 
 
-def _round_to_bf16_bits(x: te.Tensor) -> te.Tensor:
-    return te.compute(x.shape, lambda *idx: bf16_bits_expr(x[idx]), name="bf16_bits")
+def _round_to_bf16_bits(x: te.Tensor, width=None) -> te.Tensor:
+    """bf16_bits of x; with `width` > x's last dim, zero columns after it (a K padded to
+    what the AMX kernel takes)."""
+    k = x.shape[-1]
+    if width is None or int(width) == int(k):
+        return te.compute(x.shape, lambda *idx: bf16_bits_expr(x[idx]), name="bf16_bits")
+
+    def element(*idx):
+        inside = idx[-1] < k
+        return tirx.if_then_else(inside, bf16_bits_expr(x[(*idx[:-1], tirx.min(idx[-1], k - 1))]),
+                                 tirx.const(0, "uint16"))
+    return te.compute((*x.shape[:-1], width), element, name="bf16_bits")
+
+
+def _up(n: int, multiple: int) -> int:
+    return (n + multiple - 1) // multiple * multiple
 
 
 def _widen(x):
@@ -92,9 +107,10 @@ def _constant_weight(mutator, expr) -> np.ndarray | None:
 
 @relax.expr_functor.mutator
 class _Lowerer(relax.PyExprMutator):  # pylint: disable=abstract-method
-    def __init__(self, mod: IRModule, fits):
+    def __init__(self, mod: IRModule, fits, *, pad_to_amx: bool):
         super().__init__(mod)
         self.fits = fits
+        self.pad_to_amx = pad_to_amx
         self.lowered = 0
         self.kept = 0
         self.kernels = []  # the bf16_matmul PrimFuncs' GlobalVars
@@ -112,11 +128,22 @@ class _Lowerer(relax.PyExprMutator):  # pylint: disable=abstract-method
             self.kept += 1
             return None
         bb = self.builder_
-        a = bb.emit(bb.call_te(_round_to_bf16_bits, mm.args[0], primfunc_name_hint="bf16_bits"))
+        # AMX takes K and N in multiples of 32: pad them with zeros here (the weight at
+        # compile time, the activation's rounding writes the zero columns), and crop N after
+        k_pad, n_pad = (_up(k, AMX_K), _up(n, AMX_TILE)) if self.pad_to_amx else (k, n)
+        bits_call = bb.call_te(_round_to_bf16_bits, mm.args[0], k_pad, primfunc_name_hint="bf16_bits")
+        if k_pad != k:  # injective; AnnotateTIROpPattern would call its guarded read opaque
+            bb.update_func(bits_call.args[0], bb.get()[bits_call.args[0]].with_attr("op_pattern", _INJECTIVE))
+        a = bb.emit(bits_call)
+        w16 = np.zeros((k_pad, n_pad), np.uint16)
+        w16[:k, :n] = bf16_bits(weight)
         self.lowered += 1
-        call = bb.call_te(_bf16_matmul, a, relax.const(bf16_bits(weight)), primfunc_name_hint="bf16_matmul")
+        call = bb.call_te(_bf16_matmul, a, relax.const(w16), primfunc_name_hint="bf16_matmul")
         self.kernels.append(call.args[0])
-        return call
+        if n_pad == n:
+            return call
+        rank = len(x[1])
+        return relax.op.strided_slice(bb.emit(call), axes=[rank - 1], begin=[0], end=[n])
 
 
 def lower_bf16_linear(mod: IRModule, target) -> tuple[IRModule, int, int]:
@@ -126,8 +153,10 @@ def lower_bf16_linear(mod: IRModule, target) -> tuple[IRModule, int, int]:
     if kernel is None:
         raise ValueError(f"--precision bf16 needs a CPU with {' or '.join('+'.join(f) for f in KERNEL_FEATURES.values())}; "
                          f"target {target} has neither")
-    # vdpbf16ps takes every shape AMX takes and more (bf16_matmul falls back to it)
-    lowerer = _Lowerer(mod, fits_avx512)
+    # vdpbf16ps takes every shape AMX takes and more (bf16_matmul falls back to it); with
+    # AMX every shape is padded to its tiles (2% more work at N = 688, against vdpbf16ps)
+    amx = kernel == "amx-bf16"
+    lowerer = _Lowerer(mod, (lambda k, n: True) if amx else fits_avx512, pad_to_amx=amx)
     lowered = _mutate_relax_functions(lowerer, mod)
     if not lowerer.lowered:
         return mod, 0, lowerer.kept
