@@ -9,8 +9,6 @@ elsewhere those tests skip with the missing flag."""
 from __future__ import annotations
 
 import dataclasses
-import re
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,11 +17,11 @@ import torch
 from portable_pe.backends import llvm
 from portable_pe.backends.targets import load_target
 from portable_pe.cpu_schedule.bf16_linear import bf16_bits
+from portable_pe.host_cpu import cpu_flags
 
 from conftest import TINY_SPEC, assert_parity
 
-CPU_FLAGS = set(next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                      if line.startswith("flags")), [])) if Path("/proc/cpuinfo").exists() else set()
+CPU_FLAGS = cpu_flags()
 #: kernel -> (the LLVM features that select it, the /proc/cpuinfo flags it runs on, its instruction)
 KERNELS = {"amx-bf16": (["+avx512bf16", "+amx-tile", "+amx-bf16"], {"amx_tile", "amx_bf16"}, "tdpbf16ps"),
            "avx512-bf16": (["+avx512bf16"], {"avx512_bf16"}, "vdpbf16ps")}
@@ -251,3 +249,16 @@ def test_amx_attention_is_the_bf16_products_of_float32_softmax(with_bias):
         exact = np.exp(logits - logits.max(-1, keepdims=True))
         exact = (exact / exact.sum(-1, keepdims=True)) @ v
         assert_parity(exact.astype(np.float32), got, tolerance="bf16_linear", name=f"vs float64 b={b} t={t}")
+
+
+@pytest.mark.skipif(not CPU_FLAGS & {"avx512_bf16", "amx_bf16"}, reason="this CPU has no bf16 instructions")
+def test_a_bf16_bundle_is_refused_on_a_cpu_without_its_instructions(bundle_factory, monkeypatch):
+    """Its first tile instruction would stop the process: the runner says why before."""
+    from portable_pe import host_cpu
+    from portable_pe.bundle.artifact import BundleError
+    from portable_pe.run.local import LocalRunner
+    bundle = bundle_factory(TINY_SPEC, precision="bf16")
+    kernel = bundle.manifest["bf16"]["kernel"]
+    monkeypatch.setattr(host_cpu, "cpu_flags", lambda: CPU_FLAGS - {"amx_tile", "amx_bf16", "avx512_bf16"})
+    with pytest.raises(BundleError, match=rf"runs its bf16 kernels on {kernel}, which needs .*this CPU has no "):
+        LocalRunner(bundle)

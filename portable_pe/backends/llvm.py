@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import tvm
 
@@ -36,39 +35,17 @@ def relax_pipeline(target, precision: str = "fp32"):
     return cpu_pipeline(target, precision=precision)
 
 
-#: /proc/cpuinfo flags -> the LLVM features they are (what bf16 kernels need, bf16_isa)
-_HOST_FLAGS = {"avx512_bf16": "avx512bf16", "amx_tile": "amx-tile", "amx_bf16": "amx-bf16"}
-
-
 def host_features(cpu: str) -> list[str]:
-    """LLVM features this machine's CPU reports that LLVM's model of `cpu` lacks.
-
-    LLVM names the host CPU by its family and model number; a virtual machine often
-    shows a model number of an older part (this AMX-capable Xeon reads as "rocketlake",
-    whose LLVM model has neither AVX512-BF16 nor AMX), while the flags the kernel reports
-    are the CPU's own."""
+    """The bf16 LLVM features this machine's CPU reports that LLVM's model of `cpu` lacks
+    (host_cpu.py: a virtual machine may show an older model number); AMX only where Linux
+    lets this process use it."""
     from tvm.target.codegen import llvm_get_cpu_features
-    try:
-        flags = next(line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                     if line.startswith("flags"))
-    except (OSError, StopIteration):
-        return []
+    from ..host_cpu import amx_permitted, llvm_features_here
     known = set(llvm_get_cpu_features(tvm.target.Target({"kind": "llvm", "mcpu": cpu})))
-    found = [_HOST_FLAGS[f] for f in flags if f in _HOST_FLAGS and _HOST_FLAGS[f] not in known]
-    if "amx-tile" in found and not _amx_permitted():
+    found = sorted(llvm_features_here() - known)
+    if "amx-tile" in found and not amx_permitted():
         found = [f for f in found if not f.startswith("amx")]
     return found
-
-
-def _amx_permitted() -> bool:
-    """Whether Linux gives this process AMX's tile data (arch_prctl ARCH_REQ_XCOMP_PERM,
-    which the AMX kernel asks for on its first call): a kernel that refuses it would
-    make every tile instruction fault."""
-    import ctypes
-    try:
-        return ctypes.CDLL(None, use_errno=True).syscall(158, 0x1023, 18) == 0
-    except (OSError, AttributeError):
-        return False
 
 
 def for_precision(target: tvm.target.Target, spec, precision: str) -> tvm.target.Target:

@@ -82,6 +82,7 @@ class LocalRunner:
             raise BundleError(f"bundle {bundle.path} was built for {host} ({bundle.target} target); "
                               f"this machine is {platform.machine()}. Run it on the board: "
                               f"`portable-pe deploy {bundle.path} --rpc HOST:PORT`")
+        _require_bf16_instructions(bundle)
         self.device = tvm.device(device_kind, 0)
         if not self.device.exist:
             raise BundleError(f"bundle {bundle.path} needs a {device_kind} device, none is present here")
@@ -94,6 +95,26 @@ class LocalRunner:
         check_inputs(self.manifest, inputs)
         args = [self._tensor(np.ascontiguousarray(inputs[spec["name"]])) for spec in self.manifest["inputs"]]
         return _outputs(self.vm[entry_for(self.manifest, inputs)](*args), [o["name"] for o in self.manifest["outputs"]])
+
+
+def _require_bf16_instructions(bundle: Bundle) -> None:
+    """A --precision bf16 bundle's kernels use AMX or AVX512-BF16 instructions: on a CPU
+    without them the first one would stop the process (SIGILL), so say so first."""
+    kernel = bundle.manifest.get("bf16", {}).get("kernel")
+    if kernel is None:
+        return
+    from ..cpu_schedule.bf16_isa import KERNEL_FEATURES
+    from ..host_cpu import LLVM_FEATURE_OF_FLAG, amx_permitted, llvm_features_here
+    needs = KERNEL_FEATURES.get(kernel, ())
+    missing = sorted(set(needs) - llvm_features_here())
+    if not missing and kernel == "amx-bf16" and not amx_permitted():
+        missing = ["permission to use AMX tiles (arch_prctl ARCH_REQ_XCOMP_PERM refused)"]
+    if missing:
+        flags = {v: k for k, v in LLVM_FEATURE_OF_FLAG.items()}
+        raise BundleError(f"bundle {bundle.path} runs its bf16 kernels on {kernel}, which needs "
+                          f"{', '.join(flags.get(f, f) for f in needs)}; this CPU has no "
+                          f"{', '.join(flags.get(f, f) for f in missing)} (/proc/cpuinfo). Compile it on this "
+                          f"machine (--precision bf16 picks what the CPU has) or use a float32 bundle")
 
 
 def entry_for(manifest: dict, inputs: dict[str, np.ndarray]) -> str:
