@@ -93,7 +93,8 @@ def test_without_vela_the_precheck_refusal_names_the_graph_it_judged(tmp_path, m
 
 
 @needs_toolchain
-@pytest.mark.parametrize("profile", ["ethos-u55", "ethos-u85"])
+# U55 with -m slow: its table's agreement with Vela runs by default in test_vela_agreement.py
+@pytest.mark.parametrize("profile", [pytest.param("ethos-u55", marks=pytest.mark.slow), "ethos-u85"])
 def test_where_vela_builds_its_verdict_decides_and_the_precheck_judges_the_tflite_graph(profile):
     """The issue's case: the host ONNX graph has Gathers U55's list lacks, the TFLite graph
     Vela gets has none; Vela places every operator on the NPU, and the [tflite] pre-check of

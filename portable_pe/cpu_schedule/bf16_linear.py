@@ -13,10 +13,11 @@ epilogue (bias, activation, residual) runs in float32 on its float32 accumulator
 Everything else stays float32: layer norm, softmax and residual sums (they accumulate,
 and bf16's 8 mantissa bits would lose the small terms), the position encodings (RoPE's
 cos/sin, bias tables, embeddings: a rotation by a rounded angle is a different rotation),
-and attention's Q.K^T and P.V, which on AMX the fused attention kernel runs on the tiles
-(bf16_attention; softmax and scaling stay float32). Only
-matmuls whose K and N fit the target's bf16 kernel (bf16_matmul) are rewritten; the
-others stay float32 and are counted.
+and attention's softmax (its Q.K^T and P.V run on AMX tiles in the fused attention
+kernel, bf16_attention). With AMX every linear layer is rewritten, K and N padded to 32
+with zeros (the weight here, the activation by its rounding kernel; N cropped after);
+with vdpbf16ps only those whose K is even and N a multiple of 16, the others stay
+float32 and are counted.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ from .relax_util import _mutate_relax_functions, _tensor_type, bound_call, rewri
 logger = logging.getLogger(__package__)
 
 _QUIET_NAN = 0x7FC0
-_OUT_ELEMWISE_FUSABLE = 4  # tvm.relay/relax OpPatternKind kOutEWiseFusable
+# tvm.relax OpPatternKind values, set on kernels AnnotateTIROpPattern would misjudge
 _INJECTIVE = 2
+_OUT_ELEMWISE_FUSABLE = 4
 
 
 def bf16_bits(x: np.ndarray) -> np.ndarray:
