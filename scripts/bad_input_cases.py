@@ -297,6 +297,11 @@ for value in ("0", "-1", "x"):
 add("numbers", "compile --seq-len above the graph's max", ["compile", TINY, "--target", "npu", "--seq-len", "5000", "--out", "n"],
     ("--seq-len",))
 add("numbers", "compile --lengths 0", ["compile", TINY, "--lengths", "0"], ("--lengths",))
+add("numbers", "compile --precision bf17", ["compile", TINY, "--precision", "bf17", "--out", "n"], ("--precision",))
+add("numbers", "compile --precision bf16 for arm", ["compile", TINY, "--target", "arm", "--precision", "bf16", "--out", "n"],
+    ("bf16",))
+add("numbers", "bench --bf16-bundle that is no bundle", ["bench", TINY, "--bf16-bundle", "{ws}/nothing-here", "--out", "b"],
+    ("nothing-here",))
 for value in ("1000000", "7,5000"):  # were compiled first (1000000: an empty parity table marked FAIL, exit 1)
     add("numbers", f"compile --lengths {value} beyond the graph's max_length", ["compile", TINY, "--lengths", value, "--out", "n"],
         ("--lengths",))

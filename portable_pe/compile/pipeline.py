@@ -115,7 +115,8 @@ def _precision(spec: TargetSpec, precision: str | None) -> tuple[str, str]:
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; valid: {', '.join(PRECISIONS)}")
     if precision not in supported:
-        raise ValueError(f"target {spec.name!r} builds precision {', '.join(supported)}, not {precision!r}")
+        raise ValueError(f"target {spec.name!r} builds precision {', '.join(supported)}, not {precision!r}; "
+                         f"expected one of those (--precision)")
     return precision, supported[0]
 
 
