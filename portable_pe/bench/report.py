@@ -84,12 +84,11 @@ class BenchResult:
         bf16 = self.engines("bf16")
         if bf16:
             ran = self.settings.get("engines", ())
-            shown = bf16 + [e for e in ("openvino", "openvino-f32", "tvm") if e in ran]
-            extra = [f"tvm-bf16 / {e}" for e in ("openvino", "openvino-f32", "tvm") if e in ran]
+            others = [e for e in ("openvino", "openvino-f32", "tvm") if e in ran]
             parts.append(self._table(f"### bench: {self.graph}, bf16, {head}; median ms ± IQR (latency / {PEERS['bf16']}, "
-                                     "its default: bf16 compute on this CPU)", shown, extra,
-                                     lambda b, t: [_ratio(self.cell("tvm-bf16", b, t), self.cell(e[len("tvm-bf16 / "):], b, t))
-                                                   for e in extra]))
+                                     "its default: bf16 compute on this CPU)", bf16 + others,
+                                     [f"tvm-bf16 / {e}" for e in others],
+                                     lambda b, t: [_ratio(self.cell("tvm-bf16", b, t), self.cell(e, b, t)) for e in others]))
             parts.append(self._accuracy_table(bf16 + [e for e in ("openvino",) if e in ran], what="bf16"))
         lowered = {e: p for e, p in self.environment.get("compute_precision", {}).items() if p not in ("f32", "fp32")}
         if lowered:

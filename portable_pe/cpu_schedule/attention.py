@@ -35,12 +35,12 @@ from . import bf16_attention
 from .bf16_isa import bf16_kernel
 from .fast_math import _fast_exp  # noqa: F401 (the kernels' exp; tests import it from here)
 from .matmul import _register_tile
-from .relax_util import _mutate_relax_functions, _tensor_type, bound_call, rewrite_matmul
+from .relax_util import INJECTIVE, _mutate_relax_functions, _tensor_type, bound_call, mark_op_pattern, rewrite_matmul
+from .softmax_rows import inverse_row_sum_of_lanes, row_max_of_lanes
 from .tir_util import _const_int, _vector_lanes
 
 logger = logging.getLogger(__package__)
 
-_INJECTIVE = 2  # OpPatternKind kInjective
 
 @functools.lru_cache(maxsize=None)  # parsing the TVMScript takes ~0.15 s; PrimFuncs are immutable
 def attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float, mi: int, nj: int, ec: int,
@@ -129,25 +129,12 @@ def attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float, mi: i
                 for jb in range(s_pad // nj):
                     for l in T.vectorized(nj):
                         lane[l] = T.max(lane[l], p[r, jb * nj + l])
-                row_max[r] = T.float32(neg_inf)
-                for l in range(nj):
-                    row_max[r] = T.max(row_max[r], lane[l])
-                for l in T.vectorized(nj):
-                    lane[l] = T.float32(0)
-                if zero_dead_rows:  # -inf - -inf would be NaN: every p of a dead row becomes 0
-                    row_max[r] = T.max(row_max[r], T.float32(-3.4028234663852886e38))
+                row_max_of_lanes(row_max, lane, r, nj, zero_dead_rows)
                 for jb in range(s_pad // nj):
                     for l in T.vectorized(nj):
                         p[r, jb * nj + l] = _fast_exp(p[r, jb * nj + l] - row_max[r])
                         lane[l] = lane[l] + p[r, jb * nj + l]
-                row_inv[r] = T.float32(0)
-                for l in range(nj):
-                    row_inv[r] = row_inv[r] + lane[l]
-                if zero_dead_rows:
-                    row_inv[r] = T.if_then_else(row_inv[r] > T.float32(0), T.float32(1) / row_inv[r],
-                                                T.float32(0))
-                else:
-                    row_inv[r] = T.float32(1) / row_inv[r]
+                inverse_row_sum_of_lanes(row_inv, lane, r, nj, zero_dead_rows)
             # 3. out = p · v / row sum, EC output columns at a time
             for c in range(n_ec):
                 for r in T.unroll(mi):
@@ -184,6 +171,7 @@ class _AttentionFuser(relax.PyExprMutator):  # pylint: disable=abstract-method
         self.lanes = _vector_lanes(target)
         self.mi, self.nj = _register_tile(target, self.lanes, None, None)
         self.kernels: dict[tuple, relax.GlobalVar] = {}
+        self.injective: set = set()  # the bf16 packs' GlobalVars (mark_op_pattern, once the builder is done)
         self.fused = 0
 
     def _bound(self, expr, op_name: str):
@@ -279,14 +267,12 @@ class _AttentionFuser(relax.PyExprMutator):  # pylint: disable=abstract-method
         calls = [bb.call_te(bf16_attention.pack_q, q, scale, primfunc_name_hint="pack_q"),
                  bb.call_te(bf16_attention.pack_kt, kt, primfunc_name_hint="pack_kt"),
                  bb.call_te(bf16_attention.pack_v, v, primfunc_name_hint="pack_v")]
-        for call in (calls[0], calls[2]):
-            # injective (each element one read of its operand): FuseOps may fuse the pack into
-            # the kernel that makes the operand (AnnotateTIROpPattern would call its clamped,
-            # guarded reads opaque). Not Kᵀ's: fused with the transpose that makes Kᵀ, each
-            # packed vector would gather 16 keys' rows (measured: 17% of the sinusoidal
-            # graph's time at B=8 T=512, against 6% for the transpose and the pack apart)
-            gv = call.args[0]
-            bb.update_func(gv, bb.get()[gv].with_attr("op_pattern", _INJECTIVE))
+        # Q's and V's packs are injective (each element one read of its operand): FuseOps may
+        # fuse them into the kernels that make their operands (AnnotateTIROpPattern would call
+        # their clamped, guarded reads opaque). Not Kᵀ's: fused with the transpose that makes
+        # Kᵀ, each packed vector would gather 16 keys' rows (measured: 17% of the sinusoidal
+        # graph's time at B=8 T=512, against 6% for the transpose and the pack apart)
+        self.injective |= {calls[0].args[0], calls[2].args[0]}
         packed = [bb.emit(call) for call in calls]
         key = ("amx", heads, d, e, layout, zero_dead_rows)
         if key not in self.kernels:
@@ -339,4 +325,5 @@ class FuseAttention:  # pylint: disable=too-few-public-methods
         fused = _mutate_relax_functions(fuser, mod)
         if not fuser.fused:
             return mod
+        fused = mark_op_pattern(fused, dict.fromkeys(fuser.injective, INJECTIVE))
         return relax.transform.DeadCodeElimination()(fused)

@@ -28,6 +28,7 @@ from tvm import te, tirx
 from .fast_math import _fast_exp
 from .bf16_isa import AMX_IR
 from .bf16_linear import bf16_bits_expr
+from .softmax_rows import inverse_row_sum_of_lanes, row_max_of_lanes
 
 _ROWS = 32   # query rows per work item: one AMX block
 _KEYS = 32   # the key axis is padded to this (one AMX block of S, and K-steps of P x V)
@@ -163,26 +164,13 @@ def amx_attention_kernel(*, heads: int, qk_dim: int, v_dim: int, bias_dims: tupl
                                                                 T.min(jb * lanes + l, S - 1))],
                             T.float32(neg_inf))
                         lane[l] = T.max(lane[l], p[r, jb * lanes + l])
-                row_max[r] = T.float32(neg_inf)
-                for l in range(lanes):
-                    row_max[r] = T.max(row_max[r], lane[l])
-                for l in T.vectorized(lanes):
-                    lane[l] = T.float32(0)
-                if zero_dead_rows:  # -inf - -inf would be NaN: every p of a dead row becomes 0
-                    row_max[r] = T.max(row_max[r], T.float32(-3.4028234663852886e38))
+                row_max_of_lanes(row_max, lane, r, lanes, zero_dead_rows)
                 for jb in range(s_pad // lanes):
                     for l in T.vectorized(lanes):  # e in registers: only its sum and bf16 copy are kept
                         e[l] = _fast_exp(p[r, jb * lanes + l] - row_max[r], degree=5)
                         lane[l] = lane[l] + e[l]
                         p16[r, jb * lanes + l] = bf16_bits_expr(e[l])
-                row_inv[r] = T.float32(0)
-                for l in range(lanes):
-                    row_inv[r] = row_inv[r] + lane[l]
-                if zero_dead_rows:
-                    row_inv[r] = T.if_then_else(row_inv[r] > T.float32(0), T.float32(1) / row_inv[r],
-                                                T.float32(0))
-                else:
-                    row_inv[r] = T.float32(1) / row_inv[r]
+                inverse_row_sum_of_lanes(row_inv, lane, r, lanes, zero_dead_rows)
             # 3. O = P V on the tiles (rows of out, of p16, one 16-column panel of vp)
             T.evaluate(T.call_extern("int32", "portable_pe_amx_bf16", T.address_of(out[0, 0]), T.int64(E * 4),
                                      T.address_of(p16[0, 0]), s_pad * 2,

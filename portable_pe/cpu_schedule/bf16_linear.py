@@ -31,14 +31,12 @@ from tvm.ir import IRModule
 
 from .bf16_isa import AMX_K, AMX_TILE, KERNEL_FEATURES, bf16_kernel
 from .bf16_matmul import fits_avx512
-from .relax_util import _mutate_relax_functions, _tensor_type, bound_call, rewrite_matmul
+from .relax_util import (INJECTIVE, OUT_ELEMWISE_FUSABLE, _mutate_relax_functions, _tensor_type, bound_call,
+                         mark_op_pattern, rewrite_matmul)
 
 logger = logging.getLogger(__package__)
 
 _QUIET_NAN = 0x7FC0
-# tvm.relax OpPatternKind values, set on kernels AnnotateTIROpPattern would misjudge
-_INJECTIVE = 2
-_OUT_ELEMWISE_FUSABLE = 4
 
 
 def bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -115,7 +113,7 @@ class _Lowerer(relax.PyExprMutator):  # pylint: disable=abstract-method
         self.pad_to_amx = pad_to_amx
         self.lowered = 0
         self.kept = 0
-        self.kernels = []  # the bf16_matmul PrimFuncs' GlobalVars
+        self.patterns = {}  # {GlobalVar: OpPatternKind} of the kernels AnnotateTIROpPattern would misjudge
 
     def visit_call_(self, call):  # pylint: disable=arguments-renamed
         return rewrite_matmul(super().visit_call_(call), self._lower, logger, "matmul kept in float32")
@@ -135,13 +133,16 @@ class _Lowerer(relax.PyExprMutator):  # pylint: disable=abstract-method
         k_pad, n_pad = (_up(k, AMX_K), _up(n, AMX_TILE)) if self.pad_to_amx else (k, n)
         bits_call = bb.call_te(_round_to_bf16_bits, mm.args[0], k_pad, primfunc_name_hint="bf16_bits")
         if k_pad != k:  # injective; AnnotateTIROpPattern would call its guarded read opaque
-            bb.update_func(bits_call.args[0], bb.get()[bits_call.args[0]].with_attr("op_pattern", _INJECTIVE))
+            self.patterns[bits_call.args[0]] = INJECTIVE
         a = bb.emit(bits_call)
         w16 = np.zeros((k_pad, n_pad), np.uint16)
         w16[:k, :n] = bf16_bits(weight)
         self.lowered += 1
         call = bb.call_te(_bf16_matmul, a, relax.const(w16), primfunc_name_hint="bf16_matmul")
-        self.kernels.append(call.args[0])
+        # a matmul whose epilogue FuseOps may fuse (kOutEWiseFusable, as TVM's own matmuls):
+        # AnnotateTIROpPattern would call the widening reduction kCommReduce, and FuseOps
+        # would then fuse the activation's rounding into it instead of the bias after it
+        self.patterns[call.args[0]] = OUT_ELEMWISE_FUSABLE
         if n_pad == n:
             return call
         rank = len(x[1])
@@ -162,12 +163,7 @@ def lower_bf16_linear(mod: IRModule, target) -> tuple[IRModule, int, int]:
     lowered = _mutate_relax_functions(lowerer, mod)
     if not lowerer.lowered:
         return mod, 0, lowerer.kept
-    for gv in lowerer.kernels:
-        # a matmul whose epilogue FuseOps may fuse (kOutEWiseFusable, as TVM's own matmuls):
-        # AnnotateTIROpPattern would call the widening reduction kCommReduce, and FuseOps
-        # would then fuse the activation's rounding into it instead of the bias after it
-        lowered[gv] = lowered[gv].with_attr("op_pattern", _OUT_ELEMWISE_FUSABLE)
-    return relax.transform.DeadCodeElimination()(lowered), lowerer.lowered, lowerer.kept
+    return relax.transform.DeadCodeElimination()(mark_op_pattern(lowered, lowerer.patterns)), lowerer.lowered, lowerer.kept
 
 
 @tvm.transform.module_pass(opt_level=0, name="LowerBF16Linear")

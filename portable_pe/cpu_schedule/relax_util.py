@@ -39,6 +39,21 @@ def _mutate_relax_functions(mutator: relax.PyExprMutator, mod: IRModule, *,
     return mutator.builder_.get()
 
 
+#: tvm.relax OpPatternKind values, for kernels AnnotateTIROpPattern would misjudge
+INJECTIVE = 2
+OUT_ELEMWISE_FUSABLE = 4
+
+
+def mark_op_pattern(mod: IRModule, kinds: dict) -> IRModule:
+    """`mod` with each PrimFunc of `kinds` ({GlobalVar: OpPatternKind}) marked: AnnotateTIROpPattern
+    keeps a pattern already set, and FuseOps fuses by it. Done once a pass's builder is
+    finished: marking a call_te's PrimFunc as it is emitted keeps the builder from sharing
+    one PrimFunc between same-shaped calls (one copy per layer, each its own kernel)."""
+    for gv, kind in kinds.items():
+        mod[gv] = mod[gv].with_attr("op_pattern", kind)
+    return mod
+
+
 def bound_call(mutator, expr, op_name: str):
     """The call `expr` is bound to in `mutator`'s function, when it is a call of `op_name`."""
     if not isinstance(expr, relax.Var):
