@@ -34,8 +34,11 @@ def _ints(values) -> list[int] | None:
     return None if any(v is None for v in out) else out
 
 
-def _as_matmul(call):
-    """The rewritten expression for a patch-stem conv2d call, or None."""
+def _as_matmul(call, builder):
+    """The rewritten expression for a patch-stem conv2d call, or None. `builder` emits the
+    patch rows, whose count H // p * (W // p) gets a variable of its own (as the import
+    names compound dims, onnx_ops/dim_vars.py: over the expression, the matmul's
+    accumulator tile stays in memory)."""
     attrs = call.attrs
     if (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout)) != ("NCHW", "OIHW", "NCHW") \
             or int(attrs.groups) != 1 or not isinstance(call.args[1], tvm.ir.GenericConst):
@@ -54,6 +57,9 @@ def _as_matmul(call):
     patches = relax.op.reshape(data, [batch, channels, hp, kh, wp, kw])
     patches = relax.op.permute_dims(patches, [0, 2, 4, 1, 3, 5])
     rows = relax.op.reshape(patches, [batch, hp * wp, in_ch * kh * kw])
+    if not isinstance(hp * wp, (int, tvm.tirx.IntImm, tvm.tirx.Var)):
+        rows = builder.match_cast(builder.emit(rows), relax.TensorType(
+            [batch, tvm.tirx.Var("patches", "int64"), in_ch * kh * kw], x[0]))
     flat = np.ascontiguousarray(weight.reshape(out_ch, in_ch * kh * kw).T)
     product = relax.op.matmul(rows, relax.const(flat, str(weight.dtype)))
     grid = relax.op.reshape(product, [batch, hp, wp, out_ch])
@@ -67,7 +73,7 @@ class _PatchStem(relax.PyExprMutator):
         if getattr(call.op, "name", None) != "relax.nn.conv2d":
             return call
         try:
-            rewritten = _as_matmul(call)
+            rewritten = _as_matmul(call, self.builder_)
         except Exception as err:  # pylint: disable=broad-except  # TOPI's conv stays correct
             logger.debug("cpu_schedule: patch stem kept as conv2d: %s", err)
             return call

@@ -1,0 +1,105 @@
+"""Compound dims get variables of their own (onnx_ops/dim_vars.py): a pixel graph's token
+count H // p * (W // p) + k reaches the kernels as a variable, as a text graph's T does,
+a wrong shape still fails at run time, and graphs whose dims are affine are left alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+tvm = pytest.importorskip("tvm")
+from tvm import relax, tirx  # noqa: E402
+
+from portable_pe.onnx_ops.dim_vars import name_compound_dims  # noqa: E402
+
+VISION = Path(__file__).parent / "data" / "vision"
+
+
+def _dims(mod) -> list:
+    """Every dim of every tensor a binding of `main` makes, MatchCast sources left out."""
+    dims = []
+    for block in mod["main"].body.blocks:
+        for binding in block.bindings:
+            ty = binding.var.ty
+            if isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr):
+                dims.append((binding.var.name, list(ty.shape.values)))
+    return dims
+
+
+def _stem_module():
+    """x (1, 8, H, W) -> a patch grid of H // 4 x W // 4 -> 2 prefix rows + the patches -> a
+    linear: the shapes of a ViT, with nothing else."""
+    h, w = tirx.Var("h", "int64"), tirx.Var("w", "int64")
+    x = relax.Var("x", relax.TensorType([1, 8, h, w], "float32"))
+    rng = np.random.default_rng(0)
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            grid = bb.emit(relax.op.nn.conv2d(x, relax.const(rng.standard_normal((16, 8, 4, 4)).astype("float32")),
+                                              strides=4))
+            rows = bb.emit(relax.op.reshape(grid, [1, 16, (h // 4) * (w // 4)]))
+            rows = bb.emit(relax.op.permute_dims(rows, [0, 2, 1]))
+            tokens = bb.emit(relax.op.concat([relax.const(np.ones((1, 2, 16), "float32")), rows], axis=1))
+            out = bb.emit(relax.op.matmul(tokens, relax.const(rng.standard_normal((16, 32)).astype("float32"))))
+            out = bb.emit_output(out)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_every_dim_after_the_first_is_a_variable_or_a_constant():
+    named = name_compound_dims(_stem_module())
+    dims = _dims(named)
+    compound = [(name, d) for name, ds in dims for d in ds if not isinstance(d, (tirx.IntImm, tirx.Var))]
+    # only the bindings the match_casts read keep the expression (the conv's H // 4, the flattened grid, ...)
+    assert compound and all(name.endswith("_dims") for name, _ in compound), compound
+    matmul = [ds for name, ds in dims if name == dims[-1][0]][0]
+    assert isinstance(matmul[1], tirx.Var), matmul  # the token count: one variable, not 2 + H // 4 * (W // 4)
+
+
+def test_the_named_graph_runs_and_a_wrong_shape_fails_loudly():
+    from portable_pe.backends import get_backend
+    from portable_pe.backends.targets import load_target
+    spec = load_target("llvm")
+    backend = get_backend(spec.backend)
+    target = backend.tvm_target(spec)
+    plain, named = _stem_module(), name_compound_dims(_stem_module())
+    run = {name: relax.VirtualMachine(tvm.compile(mod, target=target, relax_pipeline=backend.relax_pipeline(target)),
+                                      tvm.cpu())["main"] for name, mod in (("plain", plain), ("named", named))}
+    rng = np.random.default_rng(1)
+    for h, w in ((8, 12), (16, 16), (9, 14)):  # 9 x 14: the conv drops the rows that are not whole patches
+        x = tvm.runtime.tensor(rng.standard_normal((1, 8, h, w)).astype("float32"))
+        want, got = run["plain"](x).numpy(), run["named"](x).numpy()
+        assert got.shape == want.shape == (1, 2 + (h // 4) * (w // 4), 32)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_affine_graphs_are_left_alone():
+    """A text graph's T and a KV cache's past + T are already what the kernels want."""
+    t, past = tirx.Var("T", "int64"), tirx.Var("past", "int64")
+    x = relax.Var("x", relax.TensorType([1, t, 16], "float32"))
+    cache = relax.Var("cache", relax.TensorType([1, past, 16], "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, cache]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.concat([cache, x], axis=1))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    assert name_compound_dims(mod).same_as(mod)
+
+
+def test_a_vision_graph_imports_with_its_token_count_named():
+    """The import names them (onnx_ops.import_onnx): the MLP's matmul kernel sees a variable
+    row count and takes no height or width of its own."""
+    from portable_pe.compile.pipeline import prepare
+    from portable_pe.cpu_schedule.pipeline import fusion_passes
+    st = prepare(str(VISION / "tiny_vit_rope_2d.toml"), target="llvm", log=lambda _: None)
+    with st.tvm_target:
+        fused = tvm.transform.Sequential(fusion_passes())(st.relax)
+    matmuls = {gv.name_hint: f for gv, f in fused.functions_items()
+               if isinstance(f, tirx.PrimFunc) and "matmul" in gv.name_hint and "gelu" in gv.name_hint}
+    assert matmuls, sorted(gv.name_hint for gv in fused.get_global_vars())
+    for name, func in matmuls.items():
+        params = [p.name for p in func.params]
+        assert "height" not in params and "width" not in params, (name, params)
