@@ -70,7 +70,8 @@ def legalize_onnx(model, state) -> Added:
     folded, fold_report = fold_positions(model, seq_len=seq_len, batch=profile.batch)  # an image's dims are fixed already
     if image:  # pinned, the image's patch positions folded like a sequence's
         fold_report["seq_len"] = None
-    state.log(f"  npu: {'image ' + image['input'] + ' ' + 'x'.join(map(str, image['shape'])) + ' (--seq-len does not apply)' if image else f'fixed (1, {seq_len})'}; "
+    sized_by = "--image-size" if state.spec is not None else "--shape; --seq-len does not apply"
+    state.log(f"  npu: {'image ' + image['input'] + ' ' + 'x'.join(map(str, image['shape'])) + f' ({sized_by})' if image else f'fixed (1, {seq_len})'}; "
               f"folded {fold_report['folded_inputs']}; {fold_report['nodes_before']} -> {fold_report['nodes_after']} nodes")
     before = [v for v in check_model(folded, profile) if not v.allowed]
     rewritten, rewrite_report = rewrite_for_profile(folded, profile)

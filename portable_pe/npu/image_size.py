@@ -20,8 +20,8 @@ def image_size(spec, given: list[int] | None) -> list[int]:
     form = "x".join("FHW"[3 - len(axes) + i] for i in range(len(axes)))
     label = "x".join(map(str, size))
     if len(size) != len(axes):
-        raise ValueError(f"--image-size {label}: graph {spec.name!r} takes {form} ({', '.join(axes)}), "
-                         f"e.g. --image-size {'x'.join(map(str, spec.example_size))}")
+        raise ValueError(f"--image-size {label}: graph {spec.name!r} takes {form} ({', '.join(axes)}); expected "
+                         f"{len(axes)} sizes, e.g. --image-size {'x'.join(map(str, spec.example_size))}")
     for axis, n, patch, top in zip(axes, size, patches, spec.max_size):
         if n % patch:
             raise ValueError(f"--image-size {label}: the {axis} {n} is not a multiple of graph {spec.name!r}'s "
