@@ -296,6 +296,17 @@ for value in ("0", "-1", "x"):
         ("--seq-len",))
 add("numbers", "compile --seq-len above the graph's max", ["compile", TINY, "--target", "npu", "--seq-len", "5000", "--out", "n"],
     ("--seq-len",))
+TINY_VIT = (Path(__file__).resolve().parent.parent / "tests" / "data" / "vision" / "tiny_vit_rope_2d.toml").read_text()
+npu_vit = ["compile", "{ws}/vit.toml", "--target", "npu", "--vendor-build", "skip", "--out", "n"]
+for value, words in (("30x32", ("--image-size 30x32", "multiple", "patch 8")), ("32x512", ("--image-size", "max size")),
+                     ("8x32x32", ("--image-size", "HxW")), ("32", ("--image-size",)), ("0x32", ("--image-size",)),
+                     ("axb", ("--image-size",))):
+    add("numbers", f"compile a vision graph for npu --image-size {value}", npu_vit + ["--image-size", value], words,
+        setup=write("vit.toml", TINY_VIT))
+add("numbers", "compile a vision graph for npu --seq-len 64", npu_vit + ["--seq-len", "64"], ("--seq-len", "--image-size"),
+    setup=write("vit.toml", TINY_VIT))
+add("numbers", "compile a sequence graph for npu --image-size 32x32",
+    ["compile", TINY, "--target", "npu", "--image-size", "32x32", "--out", "n"], ("--image-size", "--seq-len"))
 add("numbers", "compile --lengths 0", ["compile", TINY, "--lengths", "0"], ("--lengths",))
 add("numbers", "compile --precision bf17", ["compile", TINY, "--precision", "bf17", "--out", "n"], ("--precision",))
 add("numbers", "compile --precision bf16 for arm", ["compile", TINY, "--target", "arm", "--precision", "bf16", "--out", "n"],

@@ -4,6 +4,11 @@
     python scripts/npu_rknn_table.py --graphs rope --lengths 128 --dtypes int8
     python scripts/npu_rknn_table.py --foreign             # also two Hugging Face encoders
     python scripts/npu_rknn_table.py --compare-qdq         # also: our QDQ graph vs float + calibration
+    python scripts/npu_rknn_table.py --vision              # graphs/vision/*.toml at --image-size 224x224 x int8,fp16
+
+A vision graph's cell is built at one static image size (--image-size HxW; a video graph
+takes its temporal patch as the frame count, one patch deep, so 224x224 is 196 patches for
+every graph); its T column is that size and the token count.
 
 Each cell runs the compile pipeline's own stages (compile.pipeline.prepare through the
 vendor stage: load, export, simplify, legalize for `--target npu --profile rknpu2`,
@@ -28,12 +33,14 @@ COLUMNS = ("graph", "T", "dtype", "NPU ops", "CPU ops", "cosine", "max abs", ".r
 GOAL_COSINE = {"fp16": 0.999, "int8": 0.99}
 
 
-def cell(source: str, *, seq_len: int, dtype: str, soc: str, shapes: dict | None = None,
+def cell(source: str, *, seq_len: int | list[int], dtype: str, soc: str, shapes: dict | None = None,
          vendor_input: str = "float") -> dict:
-    """One vendor build through the pipeline's stages; the row's numbers and the CPU ops."""
+    """One vendor build through the pipeline's stages; the row's numbers and the CPU ops.
+    A vision graph's `seq_len` is its image size ([H, W], video [F, H, W])."""
     from portable_pe.compile.pipeline import prepare
     from portable_pe.npu.rknn_stage import summary
-    options = {"profile": "rknpu2", "seq_len": seq_len, "npu_dtype": dtype, "soc": soc,
+    size = {"image_size": seq_len} if isinstance(seq_len, list) else {"seq_len": seq_len}
+    options = {"profile": "rknpu2", **size, "npu_dtype": dtype, "soc": soc,
                "vendor_build": "skip" if vendor_input == "qdq" else "require"}
     t = time.perf_counter()
     st = prepare(source, target="npu", target_options=options, shapes=shapes, through="vendor", host_build=False,
@@ -41,6 +48,8 @@ def cell(source: str, *, seq_len: int, dtype: str, soc: str, shapes: dict | None
     if vendor_input == "qdq":
         return _qdq_cell(st, seq_len=seq_len, soc=soc)
     s = summary(st.report["vendor"])
+    if isinstance(seq_len, list):  # the image size and the tokens it makes
+        seq_len = f"{'x'.join(map(str, seq_len))} ({st.io['outputs'][0]['dims'][1]} tokens)"
     return {"graph": st.name, "T": seq_len, "dtype": dtype, "soc": soc, "input": "float + calibration",
             "npu_ops": s["ops_npu"], "cpu_ops": s["ops_cpu"],
             "cpu": [f"{o['op']} {o['name']} {o['input_shape']} ({o['rw_kb']:g} KB through CPU memory): {o['why'][0]}"
@@ -82,6 +91,17 @@ def foreign_models(out: Path) -> dict[str, tuple[Path, dict]]:
     return export_encoders(out)
 
 
+def vision_jobs(graphs: str | None, image_size: str, dtypes: list[str]) -> list[tuple]:
+    """(graph, {}, image size, dtype) for each vision graph: a video graph one temporal patch deep."""
+    from portable_pe.spec.graphs import VISION_GRAPHS, load_graph
+    jobs = []
+    for g in (graphs.split(",") if graphs else list(VISION_GRAPHS)):
+        vision = load_graph(g).vision
+        size = ([vision.temporal_patch] if vision.video else []) + [int(n) for n in image_size.split("x")]
+        jobs += [(g, {}, size, d) for d in dtypes]
+    return jobs
+
+
 def markdown(rows: list[dict]) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for r in rows:
@@ -104,17 +124,24 @@ def main(argv=None) -> int:
     p.add_argument("--soc", default="rk3588")
     p.add_argument("--foreign", action="store_true", help="also BERT and RoFormer from transformers (local configs)")
     p.add_argument("--compare-qdq", action="store_true", help="also hand RKNN our QDQ graph (int8, T=128, every graph)")
+    p.add_argument("--vision", action="store_true", help="graphs/vision/*.toml (or --graphs) at --image-size")
+    p.add_argument("--image-size", default="224x224", help="--vision: the static image size HxW (default 224x224)")
     p.add_argument("--out", type=Path, default=ROOT / "dist" / "npu-rknn-table")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    jobs = [(g, {}, int(n), d) for g in args.graphs.split(",") if g for n in args.lengths.split(",")
-            for d in args.dtypes.split(",")]
+    if args.vision:
+        jobs = vision_jobs(args.graphs if "--graphs" in (argv or sys.argv) else None, args.image_size,
+                           args.dtypes.split(","))
+    else:
+        jobs = [(g, {}, int(n), d) for g in args.graphs.split(",") if g for n in args.lengths.split(",")
+                for d in args.dtypes.split(",")]
     if args.foreign:
         for name, (path, shapes) in foreign_models(args.out / "foreign").items():
             jobs += [(str(path), shapes, int(next(iter(shapes.values()))[1]), d) for d in args.dtypes.split(",")]
     rows = []
     for source, shapes, n, dtype in jobs:
-        print(f"[{len(rows) + 1}/{len(jobs)}] {Path(source).stem} T={n} {dtype} ...", flush=True)
+        print(f"[{len(rows) + 1}/{len(jobs)}] {Path(source).stem} {'T=' + str(n) if isinstance(n, int) else n} "
+              f"{dtype} ...", flush=True)
         try:
             rows.append(cell(source, seq_len=n, dtype=dtype, soc=args.soc, shapes=shapes))
         except Exception as err:  # a failed cell is a row that says so, not a lost run

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import TINY_SPEC
+from conftest import DATA, TINY_SPEC
 from portable_pe import interrupts
 from portable_pe.cli.main import main
 
@@ -256,6 +256,29 @@ def test_numbers_out_of_range_name_the_option(ws, capsys, argv, words):
     refused(ws, capsys, [a.format(ws=ws) if isinstance(a, str) else a for a in argv], words)
 
 
+
+
+TINY_VIT = DATA / "vision" / "tiny_vit_rope_2d.toml"  # 8-pixel patches, max size 256x256
+NPU_VIT = ["compile", TINY_VIT, "--target", "npu", "--vendor-build", "skip", "--out", "n"]
+
+
+@pytest.mark.parametrize("argv,words", [
+    (NPU_VIT + ["--image-size", "30x32"], ["--image-size 30x32: the height 30 is not a multiple of graph "
+                                           "'tiny_vit_rope_2d''s patch 8; expected HxW in whole patches, e.g. 24"]),
+    (NPU_VIT + ["--image-size", "32x512"], ["--image-size 32x512: the width 512 exceeds graph 'tiny_vit_rope_2d''s "
+                                            "max size 256x256 (export.max_size); expected at most 256"]),
+    (NPU_VIT + ["--image-size", "8x32x32"], ["--image-size 8x32x32: graph 'tiny_vit_rope_2d' takes HxW (height, width); expected 2 sizes"]),
+    (NPU_VIT + ["--image-size", "32"], ["argument --image-size: expected an image size in pixels like 224x224"]),
+    (NPU_VIT + ["--image-size", "0x32"], ["argument --image-size: expected an image size in pixels like 224x224"]),
+    (NPU_VIT + ["--seq-len", "64"], ["--seq-len: graph 'tiny_vit_rope_2d' is a vision graph", "--image-size 24x32"]),
+    (["compile", TINY_VIT, "--image-size", "32x32", "--out", "n"], ["takes no option image_size (--image-size)"]),
+    (["compile", TINY_SPEC, "--target", "npu", "--image-size", "32x32", "--out", "n"],
+     ["--image-size is the static size of portable-pe's own vision graphs", "give --seq-len N"]),
+    (["compile", TINY_VIT, "--target", "npu", "--profile", "ethos-u85", "--out", "n"],
+     ["a vision graph: Vela's path converts sequence encoders (x, positions) only", "/stem/proj/Conv [Conv]"]),
+])
+def test_a_vision_graphs_npu_image_size_is_whole_patches_within_its_max(ws, capsys, argv, words):
+    refused(ws, capsys, argv, words)
 
 
 def test_a_bracketed_ipv6_address_is_a_host_not_a_name(ws, capsys):

@@ -251,7 +251,7 @@ def _state(vendor, mode):
     lines = []
     profile = {"rknn": "rknpu2", "ethos-u": "ethos-u85"}[vendor]
     return SimpleNamespace(report={"npu": {"vendor": vendor}}, target_options={"vendor_build": mode, "profile": profile},
-                           spec=object(), log=lines.append), lines
+                           spec=SimpleNamespace(vision=None), log=lines.append), lines
 
 
 @pytest.mark.parametrize("vendor", sorted(VENDORS))

@@ -7,6 +7,12 @@ its x86 simulator runs it on NCHW input (the worker tells it the layout; its def
 NHWC). What is measured is recorded, not relabeled: on this random-weight tiny ViT the
 int8 simulator's output has cosine 0.9976 against the float graph, which the NPU's parity
 row (max rel 0.1) does not pass.
+
+portable-pe's own vision graphs (tiny specs in tests/data/vision) are built at one static
+image size (--image-size, default the spec's export.example_size): the pinned export's
+patch positions fold to constants, and RKNN places every op on the NPU. Measured at 32x32
+(18 tokens) on rk3588: int8 simulator cosine 0.99887 (rope_2d), 0.99924 (rel_bias_2d);
+fp16 0.9999997 (both). scripts/results/npu-rknn-vision.md has the shipped graphs at 224x224.
 """
 
 from __future__ import annotations
@@ -15,8 +21,10 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from portable_pe.compile.pipeline import compile_graph  # noqa: E402
+from conftest import DATA  # noqa: E402
+from portable_pe.compile.pipeline import compile_graph, prepare  # noqa: E402
 from portable_pe.hf.vision import export_vision  # noqa: E402
+from portable_pe.npu.rknn_log import placement  # noqa: E402
 from portable_pe.npu.toolchain import toolchain_python  # noqa: E402
 
 needs_rknn = pytest.mark.skipif(toolchain_python("rknn") is None,
@@ -44,3 +52,31 @@ def test_a_dynamic_image_is_refused_for_the_npu_with_the_fix(tmp_path):
         compile_graph(str(path), target="npu", out=tmp_path / "b", target_options={"profile": "rknpu2"},
                       log=lambda m: None)
     assert not (tmp_path / "b").exists()
+
+
+#: the simulator's cosine against PyTorch must stay above these (measured: see the docstring)
+COSINE_FLOOR = {"int8": 0.995, "fp16": 0.9999}
+
+
+@needs_rknn
+@pytest.mark.parametrize("graph,size,dtype,tokens", [
+    ("tiny_vit_rope_2d", [32, 32], "int8", 2 + 16),  # a CLS and a register token, 4x4 patches
+    ("tiny_vit_rope_2d", None, "fp16", 2 + 12),  # export.example_size 24x32: 3x4 patches
+    ("tiny_vit_rel_bias_2d", [32, 32], "int8", 2 + 16),
+])
+def test_a_native_vision_graph_builds_on_the_npu_at_a_static_size(graph, size, dtype, tokens):
+    options = {"profile": "rknpu2", "npu_dtype": dtype, "vendor_build": "require",
+               **({"image_size": size} if size else {})}
+    st = prepare(str(DATA / "vision" / f"{graph}.toml"), target="npu", target_options=options, through="vendor",
+                 host_build=False, log=lambda m: None)
+    npu, vendor = st.report["npu"], st.report["vendor"]
+    assert npu["image"] == {"input": "pixel_values", "shape": [1, 3, *(size or st.spec.example_size)]}
+    assert npu["fold"]["runtime_position_ops_left"] == {}, npu["fold"]  # the 2D positions are constants
+    assert st.io["outputs"][0]["dims"] == [1, tokens, st.spec.model.d_model]
+    placed = vendor["placement"]
+    assert placed == placement(st.files["rknn/build.log"].decode()), "placement is RKNN's own layer table"
+    assert npu["coverage"]["source"].startswith("rknn-toolkit2") and "build log" in npu["coverage"]["source"]
+    assert placed["ops_npu"] > 0 and placed["npu_ops"].get("Conv", 0) >= 1, placed  # the patch stem on the NPU
+    assert placed["ops_cpu"] == 0, placed["cpu_ops"]
+    simulated = vendor["simulator"]["hidden"]  # the simulator ran on the reference case's pixels
+    assert simulated["cosine"] > COSINE_FLOOR[dtype], simulated

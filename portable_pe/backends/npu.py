@@ -59,18 +59,19 @@ def legalize_onnx(model, state) -> Added:
     from ..npu.rewrite import rewrite_for_profile
     from ..npu.vendors import vendor_hooks
     from ..spec.io_names import describe_io
-    if state.spec is not None and state.spec.vision is not None:
-        raise ValueError(f"graph {state.name!r} is a vision graph, and the npu target does not build vision graphs "
-                         "yet (static image sizes and the vendors' layouts are still to come); compile it for llvm, "
-                         "arm or cuda")
     profile, dtype, soc = resolve_profile(state.target_options)
+    model = _pinned_image(model, state, batch=profile.batch)
     image = _static_image(model)
     seq_len = int(state.target_options["seq_len"])
-    profile.check_seq_len(seq_len)
-    if state.spec is not None and state.spec.max_length < seq_len:
-        raise ValueError(f"--seq-len {seq_len} exceeds graph {state.name!r}'s max length {state.spec.max_length}")
+    if state.spec is not None and state.spec.vision is None:
+        profile.check_seq_len(seq_len)
+        if state.spec.max_length < seq_len:
+            raise ValueError(f"--seq-len {seq_len} exceeds graph {state.name!r}'s max length {state.spec.max_length}")
     folded, fold_report = fold_positions(model, seq_len=seq_len, batch=profile.batch)  # an image's dims are fixed already
-    state.log(f"  npu: {'image ' + image['input'] + ' ' + 'x'.join(map(str, image['shape'])) + ' (--seq-len does not apply)' if image else f'fixed (1, {seq_len})'}; "
+    if image:  # pinned, the image's patch positions folded like a sequence's
+        fold_report["seq_len"] = None
+    sized_by = "--image-size" if state.spec is not None else "--shape; --seq-len does not apply"
+    state.log(f"  npu: {'image ' + image['input'] + ' ' + 'x'.join(map(str, image['shape'])) + f' ({sized_by})' if image else f'fixed (1, {seq_len})'}; "
               f"folded {fold_report['folded_inputs']}; {fold_report['nodes_before']} -> {fold_report['nodes_after']} nodes")
     before = [v for v in check_model(folded, profile) if not v.allowed]
     rewritten, rewrite_report = rewrite_for_profile(folded, profile)
@@ -131,6 +132,26 @@ def _precheck_decides(state, profile) -> tuple[bool, str]:
     graph = (f"the host ONNX graph (model.onnx, what model.so runs; the {vendor.name} compiler, which judges the "
              f"graph it is handed, is not run: {why})")
     return vendor.precheck_decides_without_build and why is not None, graph
+
+
+def _pinned_image(model, state, *, batch: int):
+    """Our own vision graph with its pixel input fixed to --image-size (default the spec's
+    export.example_size); other graphs as they are, once the options are checked: --image-size
+    is a vision spec's, and a vision spec is sized by it, not by --seq-len."""
+    from ..npu.image_size import image_size, pin_image
+    given = state.request.target_options
+    vision = state.spec is not None and state.spec.vision is not None
+    if vision and "seq_len" in given:
+        raise ValueError(f"--seq-len: graph {state.name!r} is a vision graph, whose NPU graph is fixed by its image "
+                         f"size: give --image-size {'x'.join(map(str, state.spec.example_size))} (pixels) instead")
+    if not vision and "image_size" in given:
+        raise ValueError("--image-size is the static size of portable-pe's own vision graphs (a spec with [vision]); "
+                         + ("pin a foreign .onnx file's image input with --shape NAME=1x3xHxW" if state.spec is None
+                            else f"graph {state.name!r} takes token sequences: give --seq-len N"))
+    if not vision:
+        return model
+    size = image_size(state.spec, given.get("image_size"))
+    return pin_image(model, size=size, batch=batch)
 
 
 def _static_image(model) -> dict | None:

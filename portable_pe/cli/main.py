@@ -283,7 +283,7 @@ def cmd_list(args) -> int:
     print("graphs:")
     for name, path in GRAPHS.items():
         print(f"  {name}{' (default)' if name == DEFAULT_GRAPH else ''}  {path}")
-    print("vision graphs (pixel_values in, any image size within bounds; llvm, arm, cuda):")
+    print("vision graphs (pixel_values in, any image size within bounds; llvm, arm, cuda; npu with rknpu2 at one --image-size):")
     for name, path in VISION_GRAPHS.items():
         print(f"  {name}  {path}")
     print("encodings:")

@@ -70,6 +70,14 @@ def _sizes(text: str) -> list[str]:
     return values
 
 
+def _size(text: str) -> list[int]:
+    """One image size, HxW (video FxHxW), in pixels: checked against the graph's patch later."""
+    if not re.fullmatch(r"\d+(x\d+){1,2}", text.strip()) or not 0 < min(map(int, text.split("x"))) <= MAX_SIZE:
+        raise argparse.ArgumentTypeError(f"expected an image size in pixels like 224x224 (video: FxHxW), each in "
+                                         f"1..{MAX_SIZE}, got {text!r}")
+    return [int(v) for v in text.split("x")]
+
+
 def _guide_targets(text: str) -> str:
     from ..guide import GUIDE_TARGETS
     bad = [t for t in text.split(",") if t not in GUIDE_TARGETS]
@@ -128,6 +136,8 @@ def _add_target_options(p: argparse.ArgumentParser, command: str) -> None:
             kwargs["choices"] = list(option["choices"])
         if option.get("type") == "int":
             kwargs["type"] = _int_in(*option.get("range", (1, MAX_SIZE)))
+        if option.get("type") == "size":
+            kwargs["type"] = _size
         if "metavar" in option:
             kwargs["metavar"] = option["metavar"]
         p.add_argument("--" + name.replace("_", "-"), **kwargs)

@@ -49,6 +49,10 @@ def _check_option(target: TargetSpec, name: str, value) -> None:
         lo, hi = option.get("range", (1, None))
         if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
             raise ValueError(f"{flag} must be an integer in {lo}..{hi}, got {value!r}")
+    if option.get("type") == "size" and not (isinstance(value, (list, tuple)) and len(value) in (2, 3) and all(
+            isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)):
+        raise ValueError(f"{flag} must be an image size in pixels, [H, W] (video [F, H, W]) positive integers, "
+                         f"got {value!r}")
 
 
 def stage_target(st: CompileState) -> Added:

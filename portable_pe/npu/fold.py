@@ -9,6 +9,10 @@ cos/sin for RoPE, (H, N, N) biases for T5 and ALiBi.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+import tempfile
 from collections import Counter
 
 import numpy as np
@@ -64,8 +68,9 @@ def fold_positions(model: onnx.ModelProto, *, seq_len: int, batch: int = 1) -> t
             if dim.dim_param:
                 dim.Clear()
     before = Counter(n.op_type for n in graph.node)
-    simplified, ok = onnxsim.simplify(model, check_n=0, skipped_optimizers=[
-        "fuse_matmul_add_bias_into_gemm", "fuse_matmul_add_bias_into_gemm_batched"])
+    with _without_skipped_folds():
+        simplified, ok = onnxsim.simplify(model, check_n=0, skipped_optimizers=[
+            "fuse_matmul_add_bias_into_gemm", "fuse_matmul_add_bias_into_gemm_batched"])
     if not ok:
         raise RuntimeError("onnxsim could not fold the fixed-shape graph")
     _constants_to_initializers(simplified)
@@ -77,6 +82,30 @@ def fold_positions(model: onnx.ModelProto, *, seq_len: int, batch: int = 1) -> t
               "runtime_position_ops_left": left,
               "constant_bytes": sum(numpy_helper.to_array(i).nbytes for i in simplified.graph.initializer)}
     return simplified, report
+
+
+#: what onnxsim's C++ writes to stderr for a node it cannot fold yet on one pass: a vision
+#: graph's patch positions come from the stem's output shape, known only after a later
+#: pass, which folds them (runtime_position_ops_left says whether any stayed)
+_SKIPPED_FOLD = "WARNING: failed to run "
+
+
+@contextlib.contextmanager
+def _without_skipped_folds():
+    """stderr (the file descriptor, where C++ writes) with onnxsim's skipped-fold lines left out."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            kept = [line for line in caught.read().decode(errors="replace").splitlines(keepends=True)
+                    if not line.startswith(_SKIPPED_FOLD)]
+            sys.stderr.write("".join(kept))
 
 
 def _constants_to_initializers(model: onnx.ModelProto) -> None:

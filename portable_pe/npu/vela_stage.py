@@ -26,9 +26,14 @@ PREFIX = "vela/"
 
 
 def blocker(state) -> str | None:
-    """Vela's path converts the PyTorch model: a graph given as an .onnx file has none."""
-    return ("the graph came as an .onnx file: Vela's path converts the PyTorch model (ONNX -> TFLite would "
-            "need TensorFlow)" if state.spec is None else None)
+    """Vela's path converts the PyTorch model of a sequence encoder: an .onnx file has no such model, and a
+    vision graph is not one."""
+    if state.spec is None:
+        return ("the graph came as an .onnx file: Vela's path converts the PyTorch model (ONNX -> TFLite would "
+                "need TensorFlow)")
+    if state.spec.vision is not None:
+        return "a vision graph: Vela's path converts sequence encoders (x, positions) only, not a patch stem"
+    return None
 
 
 def build_stage(state):
