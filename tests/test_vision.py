@@ -217,11 +217,17 @@ def test_simplified_vision_graphs_keep_one_table_and_one_stem(spec, bundle_facto
     assert pixels == ["batch", 3, *(["frames"] if "video" in spec.stem else []), "height", "width"]
 
 
-def test_the_npu_target_says_it_does_not_build_vision_graphs_yet(tmp_path):
-    from portable_pe.compile.pipeline import compile_graph
-    with pytest.raises(ValueError, match="the npu target does not build vision graphs yet"):
-        compile_graph(str(DATA / "tiny_vit_rope_2d.toml"), target="npu", out=tmp_path / "b", log=lambda m: None)
-    assert not (tmp_path / "b").exists()
+def test_the_npu_target_pins_a_vision_graph_to_its_image_size_with_positions_folded():
+    """--image-size fixes pixel_values for the NPU (checked before the vendor stage: no RKNN needed),
+    and the fold leaves no op that computes positions at run time."""
+    from portable_pe.compile.pipeline import prepare
+    st = prepare(str(DATA / "tiny_vit_rope_2d.toml"), target="npu", through="legalize", log=lambda m: None,
+                 target_options={"profile": "rknpu2", "image_size": [24, 16]})
+    (pixels,) = [vi for vi in st.model.graph.input if vi.name == "pixel_values"]
+    assert [d.dim_value for d in pixels.type.tensor_type.shape.dim] == [1, 3, 24, 16]
+    ops = {n.op_type for n in st.model.graph.node}
+    assert not ops & {"Sin", "Cos", "CumSum", "Range", "Shape"}, ops
+    assert st.report["npu"]["fold"]["runtime_position_ops_left"] == {}
 
 
 def test_a_vision_bundle_refuses_an_image_that_is_not_whole_patches(bundle_factory):
