@@ -1,4 +1,4 @@
-"""Compound dims get variables of their own (onnx_ops/dim_vars.py): a pixel graph's token
+"""Compound dims get variables of their own (cpu_schedule/dim_vars.py): a pixel graph's token
 count H // p * (W // p) + k reaches the kernels as a variable, as a text graph's T does,
 a wrong shape still fails at run time, and graphs whose dims are affine are left alone."""
 
@@ -12,7 +12,7 @@ import pytest
 tvm = pytest.importorskip("tvm")
 from tvm import relax, tirx  # noqa: E402
 
-from portable_pe.onnx_ops.dim_vars import name_compound_dims  # noqa: E402
+from portable_pe.cpu_schedule.dim_vars import name_compound_dims  # noqa: E402
 
 VISION = Path(__file__).parent / "data" / "vision"
 
@@ -89,8 +89,8 @@ def test_affine_graphs_are_left_alone():
     assert name_compound_dims(mod).same_as(mod)
 
 
-def test_a_vision_graph_imports_with_its_token_count_named():
-    """The import names them (onnx_ops.import_onnx): the MLP's matmul kernel sees a variable
+def test_a_vision_graphs_kernels_see_its_token_count_named():
+    """The CPU pipeline names them before fusing: the MLP's matmul kernel sees a variable
     row count and takes no height or width of its own."""
     from portable_pe.compile.pipeline import prepare
     from portable_pe.cpu_schedule.pipeline import fusion_passes

@@ -46,6 +46,7 @@ Modules
 ``attention`` ``FuseAttention``: softmax(Q·Kᵀ·c [+ bias])·V as one hand-scheduled kernel
 ``head_reshapes``  ``FusableHeadReshapes``: head splits/merges FuseOps can fuse at a symbolic T
 ``patch_stem``  ``PatchStemAsMatmul``: a vision stem (conv, stride = kernel) as a matmul
+``dim_vars``   ``WithNamedDims``: a pixel graph's compound dims (its token count) as variables
 ``weight_packing``  constant weights marked, packing split out and folded at compile time
 ``small_work`` ``SerialWhenSmall``: serial copies of parallel nests, chosen by work size
 ``pipeline``   rule dispatch per PrimFunc and the Relax pass lists / pipeline

@@ -15,6 +15,7 @@ from tvm.ir import IRModule
 from .attention import FuseAttention
 from .bf16_linear import LowerBF16Linear
 from .bf16_matmul import is_bf16_matmul, schedule_bf16_matmul
+from .dim_vars import WithNamedDims
 from .fast_math import CPUFastMath
 from .head_reshapes import FusableHeadReshapes
 from .int8_matmul import is_integer_matmul, schedule_int8_matmul
@@ -149,7 +150,8 @@ def fusion_passes(*, fast_math: bool = True, precision: str = "fp32") -> list:
     """Everything before scheduling: tuning extracts its tasks after exactly these passes,
     so tuned workloads hash the same as the PrimFuncs a compile later looks up.
     `precision` "bf16": the constant-weight matmuls in bf16 (bf16_linear)."""
-    return [
+    # a pixel graph's compound dims (its token count) as variables first (dim_vars)
+    return [WithNamedDims([
         # a vision stem (conv with stride = kernel) as the matmul it is
         PatchStemAsMatmul,
         # dequantize -> matmul with a constant int8 weight (QDQ graphs) as an integer matmul
@@ -169,7 +171,7 @@ def fusion_passes(*, fast_math: bool = True, precision: str = "fp32") -> list:
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
         relax.transform.FuseTIR(),
-    ]
+    ])]
 
 
 @tvm.transform.module_pass(opt_level=0, name="ApplyTuningDatabase")

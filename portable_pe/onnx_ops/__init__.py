@@ -37,7 +37,6 @@ from tvm.relax.frontend.onnx import onnx_frontend as _fe
 
 from .attention import Attention
 from .canonical import canonical_shapes
-from .dim_vars import name_compound_dims
 from .clip import Clip
 from .div import Div
 from .gather import Gather
@@ -180,5 +179,4 @@ def import_onnx(model: onnx.ModelProto, *, shape_dict=None, **kwargs) -> tvm.IRM
         # the checker inside from_onnx rejects the renamed ops; it only warns
         warnings.filterwarnings("ignore", message=".*No Op registered for PPE_.*")
         kwargs.setdefault("keep_params_in_input", False)
-        # one form for every shape, then a variable for each compound dim (a pixel graph's token count)
-        return name_compound_dims(canonical_shapes(relax_onnx.from_onnx(renamed, shape_dict=shape_dict, **kwargs)))
+        return canonical_shapes(relax_onnx.from_onnx(renamed, shape_dict=shape_dict, **kwargs))

@@ -9,20 +9,30 @@ tile's index stays symbolic and LLVM keeps the accumulators on the stack, one lo
 store per FMA. Measured on vit_rope_2d's first MLP matmul (201 x 256 x 1024, one core):
 4.8 ms with the expression against 1.5 ms for the same kernel over a text encoder's ``T``.
 
-So, right after the import, each dim that is not affine in the input dims (a floor
+So, first in the CPU pipeline, each dim that is not affine in the input dims (a floor
 division, a product of two dims) is bound to a new variable by a ``match_cast`` where it
 first appears, and every later shape is written with that variable: the kernels then see
 ``n`` and ``n + 5`` as a text graph sees ``T``. Each later appearance is checked against the
 variable at run time by the same match_cast, so a wrong shape still fails loudly. Graphs
 whose dims are all affine (every text graph) are returned unchanged.
+
+TVM 0.27's FuseTIR cannot pass a variable a match_cast defined to a kernel that needs it as
+a scalar ("All shape inputs are expected to be single tirx var"), so every dim that is not
+a variable or a constant is named, ``n + 5`` included; and where TVM still cannot fuse the
+named module (seen on two Hugging Face exports, Pixtral and BEiT), WithNamedDims runs the
+fusion passes on the module as imported instead: slower kernels, the same numbers.
 """
 
 from __future__ import annotations
+
+import logging
 
 import tvm
 from tvm_ffi import structural_equal
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
+
+logger = logging.getLogger(__package__)
 
 #: calls of PrimFuncs whose buffer shapes were fixed when they were made
 _PRIM_FUNC_CALLS = ("relax.call_tir", "relax.call_tir_inplace", "relax.call_dps_packed")
@@ -167,6 +177,7 @@ def name_compound_dims(mod: tvm.IRModule) -> tvm.IRModule:
     affine in the input dims; `mod` itself otherwise (text graphs: ``T``, ``past + T``)."""
     if not _has_compound_dims(mod):
         return mod
+    mod = mod.clone()
     mutator_ = _NameCompoundDims(mod)
     for gv, func in mod.functions_items():
         if isinstance(func, relax.Function):
@@ -186,3 +197,27 @@ def _has_compound_dims(mod: tvm.IRModule) -> bool:
         if isinstance(func, relax.Function):
             relax.analysis.post_order_visit(func, visit)
     return any(found)
+
+
+@tvm.transform.module_pass(opt_level=0, name="WithNamedDims")
+class WithNamedDims:  # pylint: disable=too-few-public-methods
+    """`passes` (the fusion passes) on the module with its compound dims named, or on the
+    module as it came where TVM cannot fuse the named one (the module docstring says why)."""
+
+    def __init__(self, passes):
+        self.passes = tvm.transform.Sequential(list(passes))
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        try:
+            named = name_compound_dims(mod)
+        except Exception as err:  # pylint: disable=broad-except  # the plain module is still right
+            logger.info("cpu_schedule: compound dims left as expressions: %s", err)
+            return self.passes(mod)
+        if named.same_as(mod):
+            return self.passes(mod)
+        try:
+            return self.passes(named)
+        except Exception as err:  # pylint: disable=broad-except
+            first = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+            logger.info("cpu_schedule: TVM cannot fuse the module with named dims (%s); fusing it as imported", first)
+            return self.passes(mod)
