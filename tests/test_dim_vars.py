@@ -103,3 +103,27 @@ def test_a_vision_graphs_kernels_see_its_token_count_named():
     for name, func in matmuls.items():
         params = [p.name for p in func.params]
         assert "height" not in params and "width" not in params, (name, params)
+
+
+def test_where_the_named_module_cannot_be_fused_the_module_as_imported_is():
+    """WithNamedDims: a fusion pass that fails on the named module (as TVM 0.27's FuseTIR
+    does on some exports) gets the module as it came; one that succeeds gets the named one."""
+    from portable_pe.cpu_schedule.dim_vars import WithNamedDims
+    seen = []
+
+    @tvm.transform.module_pass(opt_level=0, name="RefusesMatchCast")
+    def refuses_match_cast(mod, _ctx):
+        named = "match_cast" in mod["main"].script()
+        seen.append(named)
+        if named:
+            raise RuntimeError("Check failed: All shape inputs are expected to be single tirx var.")
+        return mod
+
+    out = WithNamedDims([refuses_match_cast])(_stem_module())
+    assert seen == [True, False] and "match_cast" not in out["main"].script()
+
+    @tvm.transform.module_pass(opt_level=0, name="Accepts")
+    def accepts(mod, _ctx):
+        return mod
+
+    assert "match_cast" in WithNamedDims([accepts])(_stem_module())["main"].script()
