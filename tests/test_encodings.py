@@ -189,7 +189,8 @@ def test_bad_encoding_options_are_named(name, options, message):
 
 def test_registry_is_complete():
     assert set(ENCODINGS) == {"sinusoidal", "learned", "t5_bias", "rope", "alibi", "hybrid", "none",
-                              "rope_2d", "rope_mixed", "mrope", "sincos_2d", "learned_2d", "rel_bias_2d"}
+                              "rope_2d", "rope_mixed", "mrope", "sincos_2d", "learned_2d", "rel_bias_2d",
+                              "window_rel_bias_2d"}
 
 
 def test_the_schemas_axes_are_the_encodings():

@@ -33,6 +33,8 @@ TABLE_OPS = {
     "sincos_2d": {"Sin": 2, "Cos": 2, "CumSum": 2},
     "learned_2d": {"Resize": 1, "CumSum": 0},
     "rel_bias_2d": {"Clip": 2, "CumSum": 2},
+    # a bias per window's positions, in a plain and a shifted form: two of each
+    "window_rel_bias_2d": {"Clip": 4, "CumSum": 2},
 }
 
 

@@ -134,7 +134,7 @@ def _export_dynamo(spec: GraphSpec, model, opset: int) -> onnx.ModelProto:
 CACHE_ENV = "PORTABLE_PE_CACHE_DIR"
 # The modules an encoder's export is a function of, besides the spec and the versions.
 _EXPORT_SOURCES = ("spec/model.py", "spec/position.py", "spec/encodings.py", "spec/grid_encodings.py",
-                   "spec/vision.py", "compile/export.py", "spec/io_names.py")
+                   "spec/vision.py", "spec/windows.py", "compile/export.py", "spec/io_names.py")
 
 
 def cache_dir() -> Path | None:

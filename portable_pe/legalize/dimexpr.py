@@ -120,6 +120,12 @@ class DimEmitter:
         num, den = _fraction(e)
         if not (den.is_Integer and int(den) > 0):
             raise NotExpressible(f"no integer dim program for {e}")
+        if isinstance(num, sympy.floor) and _fraction(num.args[0])[1].is_Integer:
+            # floor(floor(x / d) / k) = floor(x / (d k)) for integers: one Div, the form TVM's
+            # simplifier gives the result (H // 24, where H // 8 // 3 would leave two forms of
+            # one dim, which FuseTIR refuses: a patch grid cut into windows of 3 patches)
+            inner, d = _fraction(num.args[0])
+            return self._floor_div(inner / (d * den))
         num_name = self.scalar(num)
         if not (exact or num.is_nonnegative):  # floor for any sign: (num - num mod den) / den
             num_name = self._node("Sub", [num_name, self._node("Mod", [num_name, self.scalar(den)])])

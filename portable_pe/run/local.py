@@ -14,6 +14,7 @@ from ..bundle.artifact import Bundle, BundleError
 from ..bundle.shared_library import check_shared_library
 from ..spec.dims import dim_sum_error, relation_error
 from ..spec.io_names import BATCH, SEQ
+from ..spec.schema import multiple_text
 
 
 class InputError(ValueError):
@@ -45,9 +46,10 @@ def check_inputs(manifest: dict, inputs: dict[str, np.ndarray]) -> None:
                 raise InputError(f"input {name!r} axis {axis} ({dim}) is {size}; this bundle accepts "
                                  f"{dim} in {lo}..{hi}{' ' + bounds[dim]['why'] if 'why' in bounds.get(dim, {}) else ''}")
             step = bounds.get(dim, {}).get("multiple", 1)
-            if size % step:  # a vision graph's pixels: whole patches only
-                raise InputError(f"input {name!r} axis {axis} ({dim}) is {size}; it must be a multiple of the "
-                                 f"patch size {step} (e.g. {size - size % step or step} or {size - size % step + step})")
+            if size % step:  # a vision graph's pixels: whole patches (or windows) only
+                what = multiple_text(step, bounds[dim].get("patch", step))
+                raise InputError(f"input {name!r} axis {axis} ({dim}) is {size}; it must be a multiple of {what} "
+                                 f"(e.g. {size - size % step or step} or {size - size % step + step})")
             if bound_values.setdefault(dim, size) != size:
                 raise InputError(f"dim {dim!r} is {bound_values[dim]} in one input and {size} in "
                                  f"input {name!r}; they must agree")

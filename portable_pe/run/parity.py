@@ -14,6 +14,7 @@ import numpy as np
 
 from ..spec.dims import dim_sum_error
 from ..spec.io_names import BATCH, HIDDEN, PIXEL_ROLES, POSITIONS, SEQ, X, dim_roles, is_position_input
+from ..spec.schema import multiple_text
 
 #: absolute and relative (to the reference's largest magnitude) error allowed, by dtype.
 #: A result passes when max_abs <= atol + rtol * max|ref| and cosine >= min_cosine.
@@ -213,7 +214,7 @@ def size_error(manifest: dict, sizes: dict[str, int]) -> str | None:
         if not info["min"] <= size <= info["max"]:
             return f"{role} {size} is outside {info['min']}..{info['max']}"
         if size % info.get("multiple", 1):
-            return f"{role} {size} is not a multiple of the patch size {info['multiple']}"
+            return f"{role} {size} is not a multiple of {multiple_text(info['multiple'], info.get('patch', info['multiple']))}"
     return None
 
 

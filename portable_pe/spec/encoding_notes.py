@@ -18,4 +18,5 @@ ENCODING_NOTES = {
     "sincos_2d": "image patches: 2D sin/cos, half the channels per axis (MAE); absolute",
     "learned_2d": "image patches: learned table of a base grid, bicubic-resized to the image's (ViT, DINOv2)",
     "rel_bias_2d": "image patches: learned bias per 2D offset on the logits (BEiT, Swin)",
+    "window_rel_bias_2d": "image patches: attention in (shifted) windows, a learned bias per 2D offset in a window (Swin)",
 }

@@ -176,6 +176,10 @@ class Hybrid(PositionEncoding):
         self.parts = nn.ModuleDict({
             name: build_encoding(name, options.get(name, {}), n_layers=n_layers, **dims)
             for name in dict.fromkeys(layers)})
+        windowed = [n for n, p in self.parts.items() if p.window is not None]
+        if windowed:
+            raise ValueError(f"hybrid layers cannot mix window attention into an encoder ({', '.join(windowed)}): "
+                             "a windowed encoding is the whole encoder's")
         bounds = [p.max_length for p in self.parts.values() if p.max_length is not None]
         self.max_length = min(bounds) if bounds else None
         axes = {p.axes for p in self.parts.values()} - {None}

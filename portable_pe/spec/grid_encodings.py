@@ -9,6 +9,7 @@ encoder applies the hooks to the patch tokens only, as DINOv3 and Pixtral do.
     embed(x, positions)      x: (B, N, D)        absolute: 2D sin/cos, learned 2D table
     rotate(q, k, positions)  q, k: (B, H, N, Dh)  rotary: axial 2D RoPE, RoPE-Mixed, M-RoPE
     bias(positions)          -> (H, N, N)         relative: 2D relative position bias
+                             -> (*win, H, T, T)   windowed (Swin): positions (*win, T, 2) per window
 
 The rotary and relative ones depend on positions only through differences, per axis:
 q(m)·k(n) (or the bias) is a function of m - n, which tests check on the compiled model.
@@ -200,13 +201,55 @@ class RelativeBias2d(PositionEncoding):
 
     def index(self, positions):
         p = _flat(positions)  # (N, 2)
-        offset = p[None, :, :] - p[:, None, :]  # (N, N, 2): key - query
+        return self.offset_index(p[None, :, :] - p[:, None, :])  # (N, N)
+
+    def offset_index(self, offset):
+        """The table row of each 2D offset (..., 2), key - query, clamped to the table."""
         rows = offset[..., 0].clamp(-(self.grid[0] - 1), self.grid[0] - 1) + (self.grid[0] - 1)
         cols = offset[..., 1].clamp(-(self.grid[1] - 1), self.grid[1] - 1) + (self.grid[1] - 1)
-        return rows * (2 * self.grid[1] - 1) + cols  # (N, N)
+        return rows * (2 * self.grid[1] - 1) + cols
 
     def bias(self, positions):
         return self.table[self.index(positions)].permute(2, 0, 1)  # (H, N, N)
+
+
+#: Swin's mask: what a pair in one window but not one region of the image adds to its logit
+WINDOW_MASK = -100.0
+
+
+class WindowRelativeBias2d(RelativeBias2d):
+    """Swin v1: attention within windows of window x window patches, a learned per-head bias
+    per 2D offset inside a window (a table of (2W - 1)^2 rows), and every other block's
+    windows shifted cyclically by `shift` patches (W // 2) along both axes. The encoder cuts
+    the tokens into windows (spec/windows.py); the bias hook sees each window's patches,
+    positions (*windows, W * W, 2) in the image, and returns (*windows, H, W * W, W * W).
+
+    A shifted window joins patches from opposite edges of the image; Swin masks the pairs
+    that come from different regions. Such a pair is further apart in the image than a
+    window (by at least grid - W + 1) on some axis, and a pair of one region is not, so the
+    bias masks exactly the pairs whose offset does not fit a window: a function of the 2D
+    offset only, like the table (a masked pair adds -100 to the entry of its clamped offset,
+    Swin's to that of its offset in the window: both weigh exp(-100) after the softmax).
+    Along an axis of a single window nothing is masked, the roll only reorders that axis:
+    no shift, as Swin has none at a one-window grid (Swin drops it on both axes at once).
+    Offsets are key - query, as rel_bias_2d's; Swin's tables index query - key (flipped)."""
+
+    axes = 2
+
+    def __init__(self, *, n_heads: int, window: int = 7, shift: int | None = None):
+        super().__init__(n_heads=n_heads, grid=[window, window])
+        shift = window // 2 if shift is None else shift
+        if not 0 <= shift < window:
+            raise ValueError(f"window_rel_bias_2d shift must be in 0..{window - 1} (less than the window), got {shift}")
+        self.window, self.shift = window, shift
+
+    def bias(self, positions):  # (*windows, T, 2): each window's patches
+        offset = positions[..., None, :, :] - positions[..., :, None, :]  # (*windows, T, T, 2): key - query
+        bias = self.table[self.offset_index(offset)]  # (*windows, T, T, H)
+        lead = bias.dim() - 3
+        bias = bias.permute(*range(lead), lead + 2, lead, lead + 1)  # (*windows, H, T, T)
+        apart = (offset.abs() >= self.window).any(dim=-1)  # (*windows, T, T): not one region of the image
+        return bias + torch.where(apart, WINDOW_MASK, 0.0).unsqueeze(-3)
 
 
 GRID_ENCODINGS: dict[str, type[PositionEncoding]] = {
@@ -216,4 +259,5 @@ GRID_ENCODINGS: dict[str, type[PositionEncoding]] = {
     "sincos_2d": Sinusoidal2d,
     "learned_2d": Learned2d,
     "rel_bias_2d": RelativeBias2d,
+    "window_rel_bias_2d": WindowRelativeBias2d,
 }

@@ -9,7 +9,8 @@ A vision graph (a spec with [vision]) takes pixels, and computes its patches' po
     pixel_values  float32 (batch, C, height, width), video (batch, C, frames, height, width)
     hidden        float32 (batch, tokens, d_model)   prefix (CLS, registers) + patch tokens
 
-whose height, width and frames are dims of their own, each a multiple of its patch size.
+whose height, width and frames are dims of their own, each a multiple of its patch size
+(height and width of whole windows, for window attention).
 
 A foreign ONNX graph keeps its own names: its position input is recognized by name
 (`is_position_input`) and each symbolic dim gets a role by where it sits (`dim_role`).
@@ -20,6 +21,9 @@ NPU folding all read these, so a rename happens in one place.
 from __future__ import annotations
 
 import re
+from dataclasses import asdict
+
+from .schema import patch_window, pixel_multiples
 
 X, POSITIONS, HIDDEN = "x", "positions", "hidden"
 INPUT_NAMES, OUTPUT_NAMES = (X, POSITIONS), (HIDDEN,)
@@ -41,12 +45,15 @@ def vision_axes(spec) -> dict[str, dict[int, str]]:
 
 
 def pixel_bounds(spec) -> dict[str, dict]:
-    """The manifest's dims of a vision spec's pixel axes: min one patch, max max_size, and
-    the patch each must be a multiple of."""
+    """The manifest's dims of a vision spec's pixel axes: min one multiple, max max_size, and
+    what each must be a multiple of: its patch, or whole windows of patches (window attention,
+    the stem's patch then kept as `patch`)."""
     roles = PIXEL_ROLES if spec.vision.video else PIXEL_ROLES[1:]
-    patches = ([spec.vision.temporal_patch] if spec.vision.video else []) + [spec.vision.patch] * 2
-    return {role: {"role": role, "min": patch, "max": top, "multiple": patch}
-            for role, patch, top in zip(roles, patches, spec.max_size)}
+    window = patch_window({"name": spec.encoding, **spec.encoding_options})
+    multiples = pixel_multiples(asdict(spec.vision), window)
+    return {role: {"role": role, "min": m, "max": top, "multiple": m,
+                   **({"patch": spec.vision.patch} if window > 1 and role != FRAMES else {})}
+            for role, m, top in zip(roles, multiples, spec.max_size)}
 #: the bounds of a foreign graph's symbolic dims (ours come from the spec's export bounds)
 FOREIGN_DIM_MAX = 4096
 

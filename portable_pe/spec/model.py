@@ -2,7 +2,8 @@
 
 Inputs are token embeddings x (B, T, D) and positions (T,) int64. Reshapes name the
 head dims (unflatten/flatten) instead of using -1, so the sequence length stays dynamic
-through ONNX and TVM's importer.
+through ONNX and TVM's importer. Attention also takes windows of tokens, x (B, *windows, T, D)
+(window attention, windows.py): the leading dims are kept as they are.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class Attention(nn.Module):
         self.scale = self.head_dim ** -0.5
 
     def _heads(self, x):
-        return x.unflatten(-1, (self.n_heads, self.head_dim)).transpose(1, 2)  # (B, H, T, Dh)
+        return x.unflatten(-1, (self.n_heads, self.head_dim)).transpose(-3, -2)  # (B, H, T, Dh)
 
     def forward(self, x, positions, pe: PositionEncoding, prefix: int = 0):
         q, k, v = self._heads(self.q(x)), self._heads(self.k(x)), self._heads(self.v(x))
@@ -55,9 +56,9 @@ class Attention(nn.Module):
         logits = (q @ k.transpose(-2, -1)) * self.scale  # (B, H, T, T)
         bias = pe.bias(positions)
         if bias is not None:
-            logits = logits + _pad_prefix(bias, prefix)  # (H, T, T) broadcasts over B
+            logits = logits + _pad_prefix(bias, prefix)  # (H, T, T) broadcasts over B (windows: (*win, H, T, T))
         y = logits.softmax(dim=-1) @ v  # (B, H, T, Dh)
-        return self.proj(y.transpose(1, 2).flatten(-2))  # (B, T, D)
+        return self.proj(y.transpose(-3, -2).flatten(-2))  # (B, T, D)
 
 
 def _rotate(pe: PositionEncoding, q, k, positions, prefix: int):

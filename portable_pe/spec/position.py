@@ -15,6 +15,11 @@ class PositionEncoding(nn.Module):
     #: position axes it takes: 1 for a sequence (positions (T,)), 2 or 3 for image or video
     #: patches (positions (*grid, A)); None: any (an encoding that ignores positions)
     axes: int | None = 1
+    #: attention within windows of window x window patches (Swin; the encoder cuts the tokens
+    #: into windows and `bias` gets each window's positions), every other layer's windows
+    #: shifted by `shift` patches; None: attention over all tokens
+    window: int | None = None
+    shift: int = 0
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return x

@@ -72,11 +72,13 @@ ENCODING_OPTIONS = {
     "sincos_2d": {"base": number(above=1)},
     "learned_2d": {"grid": integers(2, 1, 4096)},
     "rel_bias_2d": {"grid": integers(2, 1, 4096)},
+    "window_rel_bias_2d": {"window": integer(1, 256), "shift": integer(0, 255)},
 }
 #: the position axes each encoding takes (their classes' `axes`; a test keeps them the same):
 #: 1 for a sequence, 2 for image patches, 3 for video patches; None: any
 ENCODING_AXES = {"sinusoidal": 1, "learned": 1, "t5_bias": 1, "rope": 1, "alibi": 1, "hybrid": None, "none": None,
-                 "rope_2d": 2, "rope_mixed": 2, "mrope": 3, "sincos_2d": 2, "learned_2d": 2, "rel_bias_2d": 2}
+                 "rope_2d": 2, "rope_mixed": 2, "mrope": 3, "sincos_2d": 2, "learned_2d": 2, "rel_bias_2d": 2,
+                 "window_rel_bias_2d": 2}
 #: what a left-out field takes, for the checks that span fields: the defaults of
 #: EncoderConfig, GraphSpec and the encodings' constructors, spelled out because those
 #: modules load torch (a test keeps them the same)
@@ -88,7 +90,8 @@ DEFAULTS = {
                  "t5_bias": {"num_buckets": 32, "max_distance": 128},
                  "rope": {"base": 10000.0, "rotary_dim": None, "interleaved": False}, "alibi": {}, "hybrid": {}, "none": {},
                  "rope_2d": {"base": 100.0}, "rope_mixed": {"base": 100.0}, "mrope": {"base": 10000.0, "sections": None},
-                 "sincos_2d": {"base": 10000.0}, "learned_2d": {"grid": None}, "rel_bias_2d": {"grid": None}},
+                 "sincos_2d": {"base": 10000.0}, "learned_2d": {"grid": None}, "rel_bias_2d": {"grid": None},
+                 "window_rel_bias_2d": {"window": 7, "shift": None}},
 }
 def validate_spec(data, *, source: str) -> dict:
     """`data` with `encoding` as a table, once every field follows the schema."""
@@ -127,7 +130,7 @@ def validate_spec(data, *, source: str) -> dict:
                  "expected example_length <= max_len")
     _axes(encoding, data, fail)
     if "vision" in data:
-        _vision_sizes({**defaults["vision"], **data["vision"]}, export, fail)
+        _vision_sizes({**defaults["vision"], **data["vision"]}, export, fail, window=patch_window(encoding))
     elif {"example_size", "max_size"} & set(export):
         fail("export.example_size and export.max_size are a vision graph's pixel sizes; this graph has no "
              "[vision] table (a sequence graph's bounds are export.example_length and export.max_length)")
@@ -148,9 +151,32 @@ def _axes(encoding: dict, data: dict, fail) -> None:
                  f"{', '.join(n for n, a in ENCODING_AXES.items() if a == wanted)}")
 
 
-def _vision_sizes(vision: dict, export: dict, fail) -> None:
-    """example_size and max_size: one size per pixel axis, each a multiple of its patch."""
-    patches = ([vision["temporal_patch"]] if vision["temporal_patch"] else []) + [vision["patch"]] * 2
+def patch_window(encoding: dict) -> int:
+    """Patches a side of the encoding's attention windows (window_rel_bias_2d's `window`);
+    1 for attention over all tokens. `encoding`: the spec's [encoding] table."""
+    if encoding.get("name") != "window_rel_bias_2d":
+        return 1
+    return {**DEFAULTS["encoding"]["window_rel_bias_2d"], **encoding}["window"]
+
+
+def pixel_multiples(vision: dict, window: int) -> list[int]:
+    """What each pixel axis ([frames,] height, width) must be a multiple of: its patch, and
+    height and width whole windows of `window` patches. `vision`: [vision] with its defaults."""
+    return ([vision["temporal_patch"]] if vision["temporal_patch"] else []) + [vision["patch"] * window] * 2
+
+
+def multiple_text(multiple: int, patch: int) -> str:
+    """What a pixel size must be a multiple of, in words: 'the patch size 8', or
+    '56 (whole windows: 7 patches of 8 pixels)'."""
+    if multiple == patch:
+        return f"the patch size {patch}"
+    return f"{multiple} (whole windows: {multiple // patch} patches of {patch} pixels)"
+
+
+def _vision_sizes(vision: dict, export: dict, fail, *, window: int) -> None:
+    """example_size and max_size: one size per pixel axis, each a multiple of its patch
+    (height and width: of whole windows, for window attention)."""
+    patches = pixel_multiples(vision, window)
     axes = ["frames"] * (len(patches) == 3) + ["height", "width"]
     for key in ("example_size", "max_size"):
         if key not in export:
@@ -161,7 +187,9 @@ def _vision_sizes(vision: dict, export: dict, fail) -> None:
             fail(f"export.{key} = {sizes}: expected {len(patches)} sizes ({', '.join(axes)})")
         for axis, size, patch in zip(axes, sizes, patches):
             if size % patch:
-                fail(f"export.{key} = {sizes}: {axis} {size} is not a multiple of its patch size {patch}")
+                stem = vision["temporal_patch"] if axis == "frames" else vision["patch"]
+                what = f"its patch size {patch}" if patch == stem else multiple_text(patch, stem)
+                fail(f"export.{key} = {sizes}: {axis} {size} is not a multiple of {what}")
     if any(e > m for e, m in zip(export["example_size"], export["max_size"])):
         fail(f"export.example_size = {export['example_size']} exceeds export.max_size = {export['max_size']}")
 

@@ -4,6 +4,7 @@
     or (B, C, F, H, W) for video    -> Conv3d, (temporal_patch, patch, patch) -> (B, D, gf, gh, gw)
       -> patch tokens (B, N, D), N = prod(grid), and their positions (*grid, A)
       -> CLS and register tokens prepended (learned), the blocks, a final norm
+         (a windowed encoding, Swin's: no prefix tokens, blocks attend within windows, windows.py)
       -> hidden (B, prefix + N, D)
 
 The positions are computed in the graph from the stem's output shape, by a cumulative
@@ -21,6 +22,7 @@ from torch import nn
 
 from .model import Block, EncoderConfig, seeded_encoding
 from .position import PositionEncoding
+from .windows import WindowBlock
 
 
 @dataclass(frozen=True)
@@ -97,10 +99,13 @@ class VisionEncoder(nn.Module):
             raise ValueError(f"the encoding's positions have {encoding.axes} axis(es); this graph's "
                              f"patches have {vision.axes} ({'frame, row, column' if vision.video else 'row, column'}): "
                              f"choose a {vision.axes}D encoding")
+        if encoding.window is not None and (vision.prefix or vision.video):
+            raise ValueError("window attention (Swin) takes image patches only: set vision.cls_tokens = 0 and "
+                             f"vision.registers = 0 (got {vision.cls_tokens} and {vision.registers}), no temporal_patch")
         self.cfg, self.vision, self.pe = cfg, vision, encoding
         self.stem = PatchStem(cfg, vision)
         self.prefix_tokens = nn.Parameter(torch.randn(1, vision.prefix, cfg.d_model) * 0.02) if vision.prefix else None
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(_block(cfg, encoding, i) for i in range(cfg.n_layers))
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
@@ -111,6 +116,13 @@ class VisionEncoder(nn.Module):
         for i, block in enumerate(self.blocks):
             x = block(x, positions, self.pe.for_layer(i), prefix=self.vision.prefix)
         return self.norm(x)
+
+
+def _block(cfg: EncoderConfig, encoding: PositionEncoding, index: int) -> Block:
+    """Block `index`: attending over all tokens, or within windows, shifted in every other block (Swin)."""
+    if encoding.window is None:
+        return Block(cfg)
+    return WindowBlock(cfg, window=encoding.window, shift=encoding.shift if index % 2 else 0)
 
 
 def build_vision_encoder(cfg: EncoderConfig, vision: VisionConfig, encoding: str, options: dict | None = None, *,
