@@ -6,7 +6,7 @@ pool), OpenVINO at its defaults (bf16 compute on CPUs with avx512_bf16) and Open
 for f32 (the equal-precision peer), all at the same thread count, timed in alternating
 blocks (bench.graph.time_in_blocks). Each engine's output is compared with PyTorch's.
 
-    python scripts/bench_vision.py [--graph vit_rope_2d] [--sizes 224x224,384x384] [--threads 2]
+    python scripts/bench_vision.py [--graph vit_rope_2d] [--sizes 224x224,384x384] [--batches 1,8] [--threads 2]
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--graph", default="vit_rope_2d")
     parser.add_argument("--sizes", default="224x224,384x384")
+    parser.add_argument("--batches", default="1", help="batch sizes, comma-separated (the graph's max_batch bounds them)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--min-time", type=float, default=6.0, help="seconds of timed runs per size (all engines)")
     args = parser.parse_args(argv)
@@ -45,10 +46,10 @@ def main(argv=None) -> int:
         reference = torch_reference(bundle.manifest["graph"]["spec"])
         print(f"{args.graph} on llvm, {args.threads} threads; OpenVINO's default computes in "
               f"{ctx.get('compute_precision', {}).get('openvino', '?')}")
-        print("| size | engine | median ms | / tvm | max abs vs PyTorch |\n|---|---|---:|---:|---:|")
-        for text in args.sizes.split(","):
+        print("| size | batch | engine | median ms | / tvm | max abs vs PyTorch |\n|---|---:|---|---:|---:|---:|")
+        for text, batch in ((t, int(b)) for t in args.sizes.split(",") for b in args.batches.split(",")):
             sizes = parse_sizes(text, pixel_roles(bundle.manifest))
-            inputs = make_inputs(bundle.manifest["inputs"], sizes=sizes, dim_roles=dim_roles(bundle.manifest))
+            inputs = make_inputs(bundle.manifest["inputs"], sizes=sizes, batch=batch, dim_roles=dim_roles(bundle.manifest))
             want = reference(inputs)["hidden"]
             prepared = {name: make(inputs) for name, make in makers.items()}
             errors = {name: float(np.abs(next(iter(fetch(run()).values())) - want).max())
@@ -57,7 +58,7 @@ def main(argv=None) -> int:
                                    min_time_s=args.min_time, max_time_s=4 * args.min_time, warmup=2)
             medians = {name: statistics.median(t) * 1e3 for name, t in times.items()}
             for name in ENGINES:
-                print(f"| {text} | {name} | {medians[name]:.2f} | {medians[name] / medians['tvm']:.2f} | "
+                print(f"| {text} | {batch} | {name} | {medians[name]:.2f} | {medians[name] / medians['tvm']:.2f} | "
                       f"{errors[name]:.1e} |", flush=True)
     return 0
 

@@ -187,14 +187,17 @@ def _encoding_of(spec: Path) -> str:
 @pytest.mark.parametrize("spec", VISION_SPECS, ids=_encoding_of)
 def test_every_vision_graph_compiles_once_and_matches_pytorch_at_three_sizes(spec, bundle_factory):
     """One llvm build with symbolic image dims, checked against PyTorch (the parity harness)
-    at three sizes none of which is the export example's (a non-square one among them)."""
+    at three sizes none of which is the export example's (a non-square one among them; the
+    windowed graph's in whole 3 x 3-patch windows, one a single window high)."""
     from portable_pe.run.parity import check_bundle
     bundle = bundle_factory(spec)
     dims = bundle.manifest["dims"]
-    assert {"height", "width"} <= set(dims) and dims["height"]["multiple"] == 8
+    windowed = _encoding_of(spec) == "window_rel_bias_2d"
+    assert {"height", "width"} <= set(dims) and dims["height"]["multiple"] == (24 if windowed else 8)
     video = "frames" in dims
     sizes = [dict(zip(("frames", "height", "width") if video else ("height", "width"), s))
-             for s in ([(4, 16, 40), (6, 32, 32), (2, 56, 24)] if video else [(16, 40), (32, 32), (56, 24)])]
+             for s in ([(4, 16, 40), (6, 32, 32), (2, 56, 24)] if video
+                       else [(24, 48), (72, 72), (48, 24)] if windowed else [(16, 40), (32, 32), (56, 24)])]
     report = check_bundle(bundle, sizes=sizes)
     assert report.ok and len({r.length for r in report.rows}) == 3, report.to_markdown()
     assert {r.candidate for r in report.rows} == {"onnxruntime", "tvm"}

@@ -18,7 +18,7 @@ from portable_pe.spec.model import EncoderConfig
 
 #: not in data/vision/ (test_vision.py compiles each of those): the llvm build of a windowed
 #: graph does not finish in minutes yet (a reshape of the window grid, see README)
-DATA = Path(__file__).parent / "data" / "windows"
+DATA = Path(__file__).parent / "data" / "vision"
 
 
 # ------------------------------------------------------------------------------- the oracle

@@ -1,15 +1,24 @@
 """Window attention (Swin v1): the patch grid cut into windows of W x W patches, each block
 attending within its windows, every other block's windows shifted cyclically by `shift`.
 
-    tokens (B, gh * gw, D) -> grid (B, gh, gw, D) -> rolled by -shift along both axes
-      -> windows (B, gh / W, gw / W, W * W, D): the blocks and the bias keep both window axes
-         (flattened, their count would be a dim TVM cannot tell equal to the bias's)
-      -> the block -> the inverse: merged, rolled back, (B, gh * gw, D)
+    tokens (B, gh * gw, D) -> gathered into windows (B, gh / W, gw / W, W * W, D)
+      -> the block -> gathered back, (B, gh * gw, D)
+
+Both moves are one gather each, with indices computed in the graph from the patch grid's
+positions; the shift is folded into them (window-major slot -> the row-major patch that the
+rolled grid puts there, and back). Cutting the grid with reshapes and transposes instead
+(B, gh, gw, D) -> (B, gh/W, W, gw/W, W, D) -> ... gives TVM 6-D reshapes whose index
+arithmetic divides by one symbolic dim after another: LLVM's code generation spent minutes
+to over half an hour simplifying a single such kernel. A gather's index is the tensor's
+values, not shape arithmetic, and no reshape of symbolic dims is left. The blocks and the
+bias keep both window axes (flattened, their count would be a dim TVM cannot tell equal to
+the bias's).
 
 The grid's sides must be whole windows (the graph's pixel dims are multiples of patch * W).
 The window counts are read off a tensor of that shape (a strided slice of the positions,
 not gh // W, which tracing would fix to the example's), so they stay expressions of the
-image's height and width through ONNX and TVM's importer.
+image's height and width through ONNX and TVM's importer; the grid's sides used in index
+arithmetic are values (the positions' maxima + 1), for the same reason.
 """
 
 from __future__ import annotations
@@ -20,27 +29,32 @@ from .model import Block, EncoderConfig
 from .position import PositionEncoding
 
 
-def roll(grid: torch.Tensor, positions: torch.Tensor, shift: int) -> torch.Tensor:
-    """grid (B, gh, gw, C) rolled by `shift` patches towards the top left (negative: back):
-    rows, then columns, gathered at (index + shift) mod length, the indices from the grid's
-    positions (gh, gw, 2). Slices at -shift would give shapes TVM cannot simplify
-    (gh + min(1, gh) - 1), and lengths read off the example would be traced as constants."""
-    for axis, index in ((1, positions[:, 0, 0]), (2, positions[0, :, 1])):  # (gh,), (gw,)
-        length = index.amax(dim=0, keepdim=True) + 1  # (1,): not index[-1:], whose length TVM cannot tell is 1
-        grid = grid.index_select(axis, (index + shift + length) % length)
-    return grid
+def _sides(positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """gh and gw as (1,) tensors: the largest row and column + 1 (positions (gh, gw, 2))."""
+    return positions[:, 0, 0].amax(dim=0, keepdim=True) + 1, positions[0, :, 1].amax(dim=0, keepdim=True) + 1
 
 
-def partition(grid: torch.Tensor, rows, cols, window: int) -> torch.Tensor:
-    """(B, gh, gw, C) -> (B, rows, cols, W * W, C): rows x cols windows, each window's patches row-major."""
-    cells = grid.unflatten(2, (cols, window)).unflatten(1, (rows, window))  # (B, gh/W, W, gw/W, W, C)
-    return cells.transpose(2, 3).flatten(3, 4)  # (B, gh/W, gw/W, W * W, C)
+def window_sources(positions: torch.Tensor, window: int, shift: int) -> torch.Tensor:
+    """(gh / W, gw / W, W * W) int64: for each window and slot in it (row-major within the
+    window), the row-major index of the patch there once the grid is rolled by `shift`
+    patches towards the top left (Swin's torch.roll(x, -shift))."""
+    gh, gw = _sides(positions)
+    corners = positions[::window, ::window]  # (gh / W, gw / W, 2): each window's top-left patch
+    slot = torch.arange(window * window, dtype=positions.dtype, device=positions.device)
+    rows = (corners[..., :1] + slot // window + shift) % gh  # (gh / W, gw / W, W * W)
+    cols = (corners[..., 1:] + slot % window + shift) % gw
+    return rows * gw + cols
 
 
-def merge(windows: torch.Tensor, window: int) -> torch.Tensor:
-    """partition's inverse: (B, rows, cols, W * W, C) -> (B, rows * W, cols * W, C)."""
-    cells = windows.unflatten(3, (window, window)).transpose(2, 3)  # (B, gh/W, W, gw/W, W, C)
-    return cells.flatten(3, 4).flatten(1, 2)  # (B, gh, gw, C)
+def window_destinations(positions: torch.Tensor, window: int, shift: int) -> torch.Tensor:
+    """(gh * gw,) int64: window_sources' inverse, for each row-major patch its index in the
+    windows flattened (window-major, then slot)."""
+    gh, gw = _sides(positions)
+    rows = (positions[..., 0] - shift + gh) % gh  # (gh, gw): where the roll took each patch
+    cols = (positions[..., 1] - shift + gw) % gw
+    per_row = gw // window  # windows along a row
+    window_index = (rows // window) * per_row + cols // window
+    return (window_index * (window * window) + (rows % window) * window + cols % window).flatten()
 
 
 class WindowBlock(Block):
@@ -55,14 +69,8 @@ class WindowBlock(Block):
     def forward(self, x, positions, pe: PositionEncoding, prefix: int = 0):
         if prefix:
             raise ValueError("window attention has no prefix (CLS, register) tokens")
-        w, s = self.window, self.shift
-        gh, gw = positions.shape[0], positions.shape[1]  # positions (gh, gw, 2)
-        corners = positions[::w, ::w]  # (gh / W, gw / W, 2): a patch per window, its shape the window counts
-        rows, cols = corners.shape[0], corners.shape[1]
-        cells = x.unflatten(1, (gh, gw))  # (B, gh, gw, D)
-        spots = positions.unsqueeze(0)  # (1, gh, gw, 2)
-        if s:
-            cells, spots = roll(cells, positions, s), roll(spots, positions, s)
-        windows = partition(cells, rows, cols, w)  # (B, gh/W, gw/W, W * W, D)
-        y = merge(super().forward(windows, partition(spots, rows, cols, w)[0], pe), w)  # (B, gh, gw, D)
-        return (roll(y, positions, -s) if s else y).flatten(1, 2)  # (B, N, D)
+        sources = window_sources(positions, self.window, self.shift)  # (gh/W, gw/W, W * W)
+        windows = x[:, sources]  # (B, gh/W, gw/W, W * W, D)
+        spots = positions.flatten(0, 1)[sources]  # (gh/W, gw/W, W * W, 2): each patch's place in the image
+        y = super().forward(windows, spots, pe)
+        return y.flatten(1, 3)[:, window_destinations(positions, self.window, self.shift)]  # (B, N, D)
