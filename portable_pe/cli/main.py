@@ -344,9 +344,18 @@ def cmd_guide(args) -> int:
     from ..guide import render_from, run_guide
     from ..bundle.paths import output_folder
     output_folder(args.out if args.out is not None else "dist/guide", option="--out",
-                  files=("guide.md", "guide.json"))
+                  files=("guide_vision.md", "guide_vision.json") if args.vision else ("guide.md", "guide.json"))
     if args.from_json:
         print(f"wrote {render_from(Path(args.from_json), args.out)}")
+        return 0
+    if args.sizes and not args.vision:
+        raise ValueError("--sizes is for the vision section: add --vision (the text guide takes --lengths)")
+    if args.vision:
+        from ..guide.vision import DEFAULT_SIZES, run_vision_guide
+        run_vision_guide(graphs=args.graphs, sizes=tuple(args.sizes.split(",")) if args.sizes else DEFAULT_SIZES,
+                         batches=tuple(args.batch), out=args.out or Path("dist/guide"), threads=args.threads,
+                         repeat=args.repeat, command="portable-pe " + " ".join(sys.argv[1:]),
+                         log=lambda m: print(m, flush=True))
         return 0
     run_guide(graphs=args.graphs, targets=tuple(args.targets.split(",")), lengths=tuple(args.lengths),
               batches=tuple(args.batch), out=args.out or Path("dist/guide"), threads=args.threads,

@@ -239,6 +239,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="report folder (default dist/guide)")
     p.add_argument("--keep-work", action="store_true", help="keep the bundles and vendor builds (out/work)")
     p.add_argument("--from", dest="from_json", metavar="GUIDE_JSON", help="measure nothing: render a guide.json again")
+    p.add_argument("--vision", action="store_true",
+                   help="the vision section instead: each shipped 2D image encoding against a no-position ViT on "
+                        "llvm, at --sizes (writes guide_vision.md and guide_vision.json)")
+    p.add_argument("--sizes", help="with --vision: image sizes HxW, comma-separated (default 224x224,448x448,672x672)")
 
     p = sub.add_parser("bench", help="time PyTorch, torch.compile, onnxruntime, OpenVINO and TVM (float32 and "
                                      "int8) on a graph, side by side")

@@ -1,0 +1,251 @@
+"""`portable-pe guide --vision`: what each 2D position encoding costs on this CPU, per image size.
+
+    the shipped image graphs (graphs/vision/: a ViT per 2D encoding, the windowed Swin) and
+    a no-position ViT of the same model (graphs/baselines/vit_none.toml)
+      -> one llvm build each (cpu.build_bundles); every size runs from it
+      -> per (batch, size): the graphs timed round-robin on one seeded image
+         (bench.interleave); at batch 1 the position work from a per-kernel profile matched
+         to the baseline's by structural hash (cpu.position_work), as in the text guide
+      -> each build's parity against PyTorch at every size (run.parity.check_bundle)
+      -> the article's future direction (CLAIM) given a verdict by RULE from these numbers
+      -> guide_vision.json, guide_vision.md (rendered from the JSON only)
+
+Not in this section: the video graph (its input has frames, and it has no no-position twin
+here) and the NPUs (their vision builds are `compile --target npu --image-size`, README).
+The Swin graph's attention is windowed, not only its encoding: its latency is shown, but no
+position work (a profile against the global-attention baseline would charge the windows to
+the encoding).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+from .cpu import Runner
+
+BASELINE = "vit_none"
+#: whole 7-patch windows for the Swin graph (multiples of 112 pixels), as well as whole patches
+DEFAULT_SIZES = ("224x224", "448x448", "672x672")
+WINDOWED = "window_rel_bias_2d"
+CLAIM = ("Multi-dimensional position encodings (the article's first future direction) can be "
+         "first-class on CPUs: one build per encoding for every image size, at little cost over no positions")
+#: the cost the claim calls little: latency within this fraction of the no-position ViT's
+LITTLE = 0.10
+RULE = (f"holds when every 2D encoding's one build runs and matches PyTorch at every size and its "
+        f"latency is within +{LITTLE:.0%} of the no-position ViT's at every size and batch; partly holds "
+        f"when all run and match but some cost more; does not hold when one does not build, run or match")
+
+
+def resolve(names: list[str] | None) -> tuple[dict[str, str], str]:
+    """(name -> source, the baseline's name): the no-position graph first (vit_none unless one
+    is given), then the given graphs (default: every shipped image graph). Video graphs are
+    refused: this section times images."""
+    from ..spec.graphs import VISION_GRAPHS, load_graph
+    given = {}
+    for source in names or [n for n in VISION_GRAPHS if not load_graph(n).vision.video]:
+        spec = load_graph(source)
+        if spec.vision is None or spec.vision.video:
+            raise ValueError(f"guide --vision times image graphs; {source!r} is "
+                             f"{'a video graph' if spec.vision else 'not a vision graph'}")
+        if spec.name in given:
+            raise ValueError(f"graph name {spec.name!r} is given twice; the guide needs one graph per name")
+        given[spec.name] = (source, spec)
+    baseline = next((n for n, (_, spec) in given.items() if spec.encoding == "none"), BASELINE)
+    sources = {baseline: given[baseline][0] if baseline in given else BASELINE}
+    sources.update({n: source for n, (source, _) in given.items() if n != baseline})
+    return sources, baseline
+
+
+class ImageRunner(Runner):
+    """cpu.Runner (a VM, and one for the per-kernel profile) fed an image."""
+
+    def args(self, inputs):
+        """VM arguments for `inputs` ({"pixel_values": ...}), or the bundle's refusal (InputError)."""
+        from ..run.local import check_inputs
+        check_inputs(self.bundle.manifest, inputs)
+        return [self._tensor(inputs[n]) for n in self.names]
+
+
+def _encoding(source: str) -> str:
+    from ..spec.graphs import load_graph
+    return load_graph(source).encoding
+
+
+def measure(sources: dict[str, str], *, baseline: str, sizes: tuple[str, ...], batches: tuple[int, ...], threads: int,
+            repeat: int, work_dir: Path, log: Callable[[str], None]) -> dict:
+    """Latency, position work and parity per graph and size (the module docstring)."""
+    from ..bench.graph import interleave, summarize
+    from ..run.local import InputError
+    from ..run.parity import check_bundle, make_inputs, parse_sizes, pixel_roles
+    from ..spec.io_names import dim_roles
+    from ..threads import set_threads
+    from .cpu import build_bundles, kernel_hashes, position_work, profile
+    set_threads(threads)
+    built = build_bundles(sources, work_dir=work_dir, log=log)
+    bundles = {n: b["bundle"] for n, b in built.items()}
+    runners = {n: ImageRunner(b) for n, b in bundles.items()}
+    hashes = {n: kernel_hashes(s) for n, s in sources.items() if _encoding(s) != WINDOWED}
+    kernel_names = {h: k for n in hashes for k, h in hashes[n].items()}
+    manifest = bundles[baseline].manifest
+    latency, profiles, parity = [], [], []
+    for text in sizes:
+        size = parse_sizes(text, pixel_roles(manifest))
+        for batch in batches:
+            image = make_inputs(manifest["inputs"], sizes=size, batch=batch, dim_roles=dim_roles(manifest))
+            args, refused = {}, {}
+            for name, runner in runners.items():
+                try:
+                    args[name] = runner.args(image)
+                except InputError as err:
+                    refused[name] = str(err)
+            log(f"  llvm: B={batch} {text}: timing {len(args)} graph(s) round-robin"
+                f"{' (refused: ' + ', '.join(refused) + ')' if refused else ''}")
+            times = interleave({n: (lambda r=runners[n], a=args[n]: r.vm["main"](*a)) for n in args},
+                               repeat=repeat, min_time_s=1.0, max_time_s=30.0, warmup=1)
+            for name in runners:
+                cell = {"graph": name, "batch": batch, "size": text}
+                latency.append({**cell, "ok": False, "error": refused[name]} if name in refused
+                               else {**cell, "ok": True, **summarize(times[name])})
+            if batch == 1 and baseline in args:
+                base = profile(runners[baseline].profile_vm, args[baseline], hashes[baseline], runs=3)
+                for name in args:
+                    if name in hashes:
+                        kernels = base if name == baseline else profile(runners[name].profile_vm, args[name], hashes[name], runs=3)
+                        profiles.append({"graph": name, "size": text, **position_work(kernels, base, kernel_names)})
+    for name, bundle in bundles.items():
+        takes = [parse_sizes(t, pixel_roles(manifest)) for t in sizes
+                 if not any(r["graph"] == name and r["size"] == t and not r["ok"] for r in latency)]
+        report = check_bundle(bundle, sizes=takes, candidates=("tvm",)) if takes else None
+        parity.append({"graph": name, "ok": bool(report and report.ok),
+                       "sizes": {str(r.length): {"max_abs": r.max_abs, "cosine": r.cosine, "ok": r.ok}
+                                 for r in (report.rows if report else [])}})
+        log(f"  parity {name}: {'ok' if report and report.ok else 'FAIL'} at {', '.join(map(str, (r.length for r in report.rows))) if report else 'no size'}")
+    return {"builds": {n: {"build_s": b["build_s"]} for n, b in built.items()},
+            "latency": latency, "profile": profiles, "parity": parity}
+
+
+def verdict(result: dict) -> dict:
+    """The claim's row: what was measured and the verdict by RULE."""
+    base = result["baseline"]
+    rows = {(r["graph"], r["batch"], r["size"]): r for r in result["llvm"]["latency"]}
+    parity = {p["graph"]: p for p in result["llvm"]["parity"]}
+    encoders = [g for g in result["graphs"] if g["name"] != base and g["encoding"] != WINDOWED]
+    measured, failed, costly = {}, [], []
+    for g in encoders:
+        over = []
+        for size in result["settings"]["sizes"]:
+            for batch in result["settings"]["batches"]:
+                mine, none = rows.get((g["name"], batch, size)), rows.get((base, batch, size))
+                if not (mine and mine["ok"] and none and none["ok"]):
+                    failed.append(f"{g['name']} at {size} B={batch}")
+                    continue
+                over.append(mine["median_ms"] / none["median_ms"] - 1)
+        if not parity.get(g["name"], {}).get("ok"):
+            failed.append(f"{g['name']}: parity")
+        if over:
+            worst = max(over)
+            measured[g["name"]] = f"{100 * min(over):+.0f}% to {100 * worst:+.0f}% vs no positions"
+            if worst > LITTLE:
+                costly.append(g["name"])
+    if not encoders:
+        return {"claim": CLAIM, "measured": measured, "verdict": "not measured", "rule": RULE}
+    outcome = "does not hold" if failed else "partly holds" if costly else "holds"
+    if failed:
+        measured["failed"] = "; ".join(failed)
+    return {"claim": CLAIM, "measured": measured, "verdict": outcome, "rule": RULE}
+
+
+def run_vision_guide(*, graphs: list[str] | None = None, sizes: tuple[str, ...] = DEFAULT_SIZES,
+                     batches: tuple[int, ...] = (1,), out: Path = Path("dist/guide"), threads: int = 2,
+                     repeat: int = 5, command: str = "portable-pe guide --vision",
+                     log: Callable[[str], None] = print) -> dict:
+    """Measure; write out/guide_vision.json and out/guide_vision.md; return the result."""
+    import shutil
+    import tvm
+    from .. import __version__
+    from . import _atomic, _machine
+    from ..spec.graphs import load_graph
+    sources, baseline = resolve(graphs)
+    specs = {n: load_graph(s) for n, s in sources.items()}
+    start = time.perf_counter()
+    work = out / "work-vision"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    log(f"guide --vision: {len(sources)} graphs ({', '.join(sources)}), sizes {', '.join(sizes)}, "
+        f"batches {', '.join(map(str, batches))} -> {out}")
+    result = {"command": command, "baseline": baseline,
+              "graphs": [{"name": n, "encoding": s.encoding, "tokens_before_patches": s.vision.prefix,
+                          "description": s.description} for n, s in specs.items()],
+              "settings": {"sizes": list(sizes), "batches": list(batches), "threads": threads, "repeat": repeat,
+                           "machine": _machine()},
+              "versions": {"portable_pe": __version__, "tvm": tvm.__version__}}
+    try:
+        result["llvm"] = measure(sources, baseline=baseline, sizes=sizes, batches=batches, threads=threads, repeat=repeat,
+                                 work_dir=work, log=log)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    result["seconds"] = time.perf_counter() - start
+    result["claim"] = verdict(result)
+    result = json.loads(json.dumps(result))  # what guide_vision.json holds (lists, not tuples)
+    out.mkdir(parents=True, exist_ok=True)
+    _atomic(out / "guide_vision.json", json.dumps(result, indent=1))
+    _atomic(out / "guide_vision.md", render(result))
+    log(f"guide --vision: wrote {out / 'guide_vision.md'} ({result['seconds']:.0f} s)")
+    return result
+
+
+def render(result: dict) -> str:
+    """guide_vision.md from the result alone."""
+    from .report import _table, fmt_ms, fmt_pct
+    s, base = result["settings"], result["baseline"]
+    rows = {(r["graph"], r["batch"], r["size"]): r for r in result["llvm"]["latency"]}
+    lines = ["# portable-pe guide --vision", "",
+             f"`{result['command']}` on {s['machine']}, {s['threads']} threads; portable-pe "
+             f"{result['versions']['portable_pe']}, TVM {result['versions']['tvm']}. Every graph: d=256, 4 heads, "
+             "4 layers, 16-pixel patches; one llvm build each, run at every size.", "",
+             "## The claim", ""]
+    c = result["claim"]
+    lines += _table(["claim", "measured in this run", "verdict"],
+                    [[c["claim"], "<br>".join(f"{k}: {v}" for k, v in c["measured"].items()) or "n/a",
+                      f"**{c['verdict']}**"]], "|---|---|---|")
+    lines += [f"Rule: {c['rule']}.", ""]
+    for batch in s["batches"]:
+        lines += [f"## llvm latency, B={batch}", "",
+                  "Median ms per run, graphs timed round-robin on the same image; in brackets: / the no-position "
+                  "ViT's - 1. Tokens: patches + CLS (+ registers).", ""]
+        table = []
+        for g in result["graphs"]:
+            cells = []
+            for size in s["sizes"]:
+                r, none = rows.get((g["name"], batch, size)), rows.get((base, batch, size))
+                if r is None or not r["ok"]:
+                    cells.append(f"refused: {r['error']}" if r else "")
+                    continue
+                ratio = r["median_ms"] / none["median_ms"] - 1 if none and none["ok"] and g["name"] != base else None
+                cells.append(fmt_ms(r["median_ms"]) + (f" ({fmt_pct(ratio)})" if ratio is not None else ""))
+            table.append([f"{g['name']} ({g['encoding']})", *cells])
+        lines += _table(["graph", *s["sizes"]], table)
+    lines += ["## llvm position work, B=1", "",
+              "The kernels each graph adds or changes against the no-position ViT's (matched by structural "
+              "hash), minus those they replace, from a per-kernel profile: ms per run (share of the run). The "
+              "windowed Swin is not profiled: its attention differs from the baseline's, not only its encoding.", ""]
+    prof = {(p["graph"], p["size"]): p for p in result["llvm"]["profile"]}
+    table = []
+    for g in result["graphs"]:
+        if g["name"] == base or g["encoding"] == WINDOWED:
+            continue
+        cells = []
+        for size in s["sizes"]:
+            p = prof.get((g["name"], size))
+            cells.append(f"{fmt_ms(p['position_ms'])} ({fmt_pct(p['position_share'])})" if p else "n/a")
+        table.append([g["name"], *cells])
+    lines += _table(["graph", *s["sizes"]], table)
+    lines += ["## Parity against PyTorch (llvm, every size from one build)", ""]
+    table = [[p["graph"], "ok" if p["ok"] else "FAIL",
+              ", ".join(f"{k}: {v['max_abs']:.1e}" for k, v in p["sizes"].items()) or "no size"]
+             for p in result["llvm"]["parity"]]
+    lines += _table(["graph", "verdict", "max abs per size"], table, "|---|---|---|")
+    return "\n".join(lines)
