@@ -63,6 +63,7 @@ COSINE_FLOOR = {"int8": 0.995, "fp16": 0.9999}
     ("tiny_vit_rope_2d", [32, 32], "int8", 2 + 16),  # a CLS and a register token, 4x4 patches
     ("tiny_vit_rope_2d", None, "fp16", 2 + 12),  # export.example_size 24x32: 3x4 patches
     ("tiny_vit_rel_bias_2d", [32, 32], "int8", 2 + 16),
+    ("tiny_swin_rel_bias_2d", [48, 72], "int8", 6 * 9),  # 2 x 3 windows of 3 x 3 patches, shifted in block 2
 ])
 def test_a_native_vision_graph_builds_on_the_npu_at_a_static_size(graph, size, dtype, tokens):
     options = {"profile": "rknpu2", "npu_dtype": dtype, "vendor_build": "require",

@@ -19,6 +19,8 @@ standard ONNX, so onnxruntime runs the rewritten graph as it ran the original.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
 import sympy
@@ -120,6 +122,9 @@ class DimEmitter:
         num, den = _fraction(e)
         if not (den.is_Integer and int(den) > 0):
             raise NotExpressible(f"no integer dim program for {e}")
+        num, den = self._divided_into_grids(num, den)
+        if den == 1:
+            return self.scalar(num)
         if isinstance(num, sympy.floor) and _fraction(num.args[0])[1].is_Integer:
             # floor(floor(x / d) / k) = floor(x / (d k)) for integers: one Div, the form TVM's
             # simplifier gives the result (H // 24, where H // 8 // 3 would leave two forms of
@@ -130,6 +135,24 @@ class DimEmitter:
         if not (exact or num.is_nonnegative):  # floor for any sign: (num - num mod den) / den
             num_name = self._node("Sub", [num_name, self._node("Mod", [num_name, self.scalar(den)])])
         return self._node("Div", [num_name, self.scalar(den)])
+
+    def _divided_into_grids(self, num, den):
+        """(num', den') with num / den = num' / den': den's factors moved into the factors of
+        num known to be multiples of them. floor(H / 8) with H a multiple of 24 is 3 *
+        floor(H / 24), so Swin's window count floor(H/8) * floor(W/8) / 9 is written
+        floor(H/24) * floor(W/24), the form TVM gives the windows a graph gathers with an
+        index of that shape; (H // 8 * (W // 8)) // 9 is the same number in a form TVM cannot
+        tell equal to it."""
+        multiple = {dim: m for dim, m, _ in self.rw.sym.quotients.values()}
+        left, factors = int(den), []
+        for f in sympy.Mul.make_args(num):
+            if multiple and left > 1 and isinstance(f, sympy.floor):
+                x, d = _fraction(f.args[0])
+                if x in multiple and d.is_Integer and multiple[x] % int(d) == 0:
+                    g = math.gcd(left, multiple[x] // int(d))
+                    f, left = sympy.floor(x / (int(d) * g)), left // g
+            factors.append(f)
+        return (sympy.Mul(*factors), sympy.Integer(left)) if left != int(den) else (num, den)
 
     # ------------------------------------------------------------------ shapes
     def vector(self, dims) -> str:

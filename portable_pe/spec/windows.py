@@ -1,7 +1,7 @@
 """Window attention (Swin v1): the patch grid cut into windows of W x W patches, each block
 attending within its windows, every other block's windows shifted cyclically by `shift`.
 
-    tokens (B, gh * gw, D) -> gathered into windows (B, gh / W, gw / W, W * W, D)
+    tokens (B, gh * gw, D) -> gathered into windows (B, gh / W * (gw / W), W * W, D)
       -> the block -> gathered back, (B, gh * gw, D)
 
 Both moves are one gather each, with indices computed in the graph from the patch grid's
@@ -10,9 +10,9 @@ rolled grid puts there, and back). Cutting the grid with reshapes and transposes
 (B, gh, gw, D) -> (B, gh/W, W, gw/W, W, D) -> ... gives TVM 6-D reshapes whose index
 arithmetic divides by one symbolic dim after another: LLVM's code generation spent minutes
 to over half an hour simplifying a single such kernel. A gather's index is the tensor's
-values, not shape arithmetic, and no reshape of symbolic dims is left. The blocks and the
-bias keep both window axes (flattened, their count would be a dim TVM cannot tell equal to
-the bias's).
+values, not shape arithmetic, and no reshape of symbolic dims is left. The tokens and the
+bias's positions are gathered by the same index tensor, so their window counts are one dim
+for TVM; the blocks' tensors stay rank 4 (rank 5 once split into heads), as the NPUs need.
 
 The grid's sides must be whole windows (the graph's pixel dims are multiples of patch * W).
 The window counts are read off a tensor of that shape (a strided slice of the positions,
@@ -35,14 +35,14 @@ def _sides(positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def window_sources(positions: torch.Tensor, window: int, shift: int) -> torch.Tensor:
-    """(gh / W, gw / W, W * W) int64: for each window and slot in it (row-major within the
-    window), the row-major index of the patch there once the grid is rolled by `shift`
-    patches towards the top left (Swin's torch.roll(x, -shift))."""
+    """(gh / W * (gw / W), W * W) int64: for each window (row-major) and slot in it (row-major
+    within the window), the row-major index of the patch there once the grid is rolled by
+    `shift` patches towards the top left (Swin's torch.roll(x, -shift))."""
     gh, gw = _sides(positions)
-    corners = positions[::window, ::window]  # (gh / W, gw / W, 2): each window's top-left patch
+    corners = positions[::window, ::window].flatten(0, 1)  # (windows, 2): each window's top-left patch
     slot = torch.arange(window * window, dtype=positions.dtype, device=positions.device)
-    rows = (corners[..., :1] + slot // window + shift) % gh  # (gh / W, gw / W, W * W)
-    cols = (corners[..., 1:] + slot % window + shift) % gw
+    rows = (corners[:, :1] + slot // window + shift) % gh  # (windows, W * W)
+    cols = (corners[:, 1:] + slot % window + shift) % gw
     return rows * gw + cols
 
 
@@ -57,6 +57,14 @@ def window_destinations(positions: torch.Tensor, window: int, shift: int) -> tor
     return (window_index * (window * window) + (rows % window) * window + cols % window).flatten()
 
 
+def gather(x: torch.Tensor, axis: int, index: torch.Tensor) -> torch.Tensor:
+    """x[..., index, ...] along `axis` for a 2D index, its dims read off `index` itself
+    (torch's x[:, index] exports as one Gather whose TVM import reshapes to -1: a window
+    count N // (W * W) that TVM cannot tell equal to the bias's, which is the index's own)."""
+    picked = x.index_select(axis, index.flatten())
+    return picked.reshape(*x.shape[:axis], index.shape[0], index.shape[1], *x.shape[axis + 1:])
+
+
 class WindowBlock(Block):
     """A Block run on each (shifted) window: Swin's block. Its norms, MLP and residuals act
     per token, so they commute with cutting the tokens into windows; only the attention
@@ -69,8 +77,10 @@ class WindowBlock(Block):
     def forward(self, x, positions, pe: PositionEncoding, prefix: int = 0):
         if prefix:
             raise ValueError("window attention has no prefix (CLS, register) tokens")
-        sources = window_sources(positions, self.window, self.shift)  # (gh/W, gw/W, W * W)
-        windows = x[:, sources]  # (B, gh/W, gw/W, W * W, D)
-        spots = positions.flatten(0, 1)[sources]  # (gh/W, gw/W, W * W, 2): each patch's place in the image
+        sources = window_sources(positions, self.window, self.shift)  # (windows, W * W)
+        windows = gather(x, 1, sources)  # (B, windows, W * W, D)
+        # the positions gathered as the tokens are, from (1, N, 2): TVM's import then derives
+        # both window counts from N alike (not one from N and one from the index's shape)
+        spots = gather(positions.flatten(0, 1).unsqueeze(0), 1, sources)[0]  # (windows, W * W, 2)
         y = super().forward(windows, spots, pe)
-        return y.flatten(1, 3)[:, window_destinations(positions, self.window, self.shift)]  # (B, N, D)
+        return y.flatten(1, 2)[:, window_destinations(positions, self.window, self.shift)]  # (B, N, D)
