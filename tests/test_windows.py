@@ -16,8 +16,7 @@ from conftest import assert_parity
 from portable_pe.spec.grid_encodings import WindowRelativeBias2d
 from portable_pe.spec.model import EncoderConfig
 
-#: not in data/vision/ (test_vision.py compiles each of those): the llvm build of a windowed
-#: graph does not finish in minutes yet (a reshape of the window grid, see README)
+#: the tiny Swin sits with the other vision specs: test_vision.py compiles it at three sizes
 DATA = Path(__file__).parent / "data" / "vision"
 
 

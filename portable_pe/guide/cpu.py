@@ -99,9 +99,13 @@ class Runner:
 
     def args(self, x: np.ndarray):
         """VM arguments for token embeddings x, or the bundle's refusal (InputError)."""
-        from ..run.local import check_inputs
         inputs = {"x": x, "positions": np.arange(x.shape[1], dtype=np.int64)}
-        inputs = {k: v for k, v in inputs.items() if k in self.names}
+        return self.vm_args({k: v for k, v in inputs.items() if k in self.names})
+
+    def vm_args(self, inputs: dict[str, np.ndarray]):
+        """VM arguments for `inputs` by name (an image graph's {"pixel_values": ...}), or the
+        bundle's refusal (InputError)."""
+        from ..run.local import check_inputs
         check_inputs(self.bundle.manifest, inputs)
         return [self._tensor(inputs[n]) for n in self.names]
 

@@ -24,8 +24,6 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from .cpu import Runner
-
 BASELINE = "vit_none"
 #: whole 7-patch windows for the Swin graph (multiples of 112 pixels), as well as whole patches
 DEFAULT_SIZES = ("224x224", "448x448", "672x672")
@@ -59,35 +57,21 @@ def resolve(names: list[str] | None) -> tuple[dict[str, str], str]:
     return sources, baseline
 
 
-class ImageRunner(Runner):
-    """cpu.Runner (a VM, and one for the per-kernel profile) fed an image."""
-
-    def args(self, inputs):
-        """VM arguments for `inputs` ({"pixel_values": ...}), or the bundle's refusal (InputError)."""
-        from ..run.local import check_inputs
-        check_inputs(self.bundle.manifest, inputs)
-        return [self._tensor(inputs[n]) for n in self.names]
-
-
-def _encoding(source: str) -> str:
-    from ..spec.graphs import load_graph
-    return load_graph(source).encoding
-
-
-def measure(sources: dict[str, str], *, baseline: str, sizes: tuple[str, ...], batches: tuple[int, ...], threads: int,
-            repeat: int, work_dir: Path, log: Callable[[str], None]) -> dict:
-    """Latency, position work and parity per graph and size (the module docstring)."""
+def measure(sources: dict[str, str], *, baseline: str, unprofiled: set[str], sizes: tuple[str, ...],
+            batches: tuple[int, ...], threads: int, repeat: int, work_dir: Path, log: Callable[[str], None]) -> dict:
+    """Latency, position work (not for the graphs in `unprofiled`) and parity per graph and
+    size (the module docstring)."""
     from ..bench.graph import interleave, summarize
     from ..run.local import InputError
     from ..run.parity import check_bundle, make_inputs, parse_sizes, pixel_roles
     from ..spec.io_names import dim_roles
     from ..threads import set_threads
-    from .cpu import build_bundles, kernel_hashes, position_work, profile
+    from .cpu import Runner, build_bundles, kernel_hashes, position_work, profile
     set_threads(threads)
     built = build_bundles(sources, work_dir=work_dir, log=log)
     bundles = {n: b["bundle"] for n, b in built.items()}
-    runners = {n: ImageRunner(b) for n, b in bundles.items()}
-    hashes = {n: kernel_hashes(s) for n, s in sources.items() if _encoding(s) != WINDOWED}
+    runners = {n: Runner(b) for n, b in bundles.items()}
+    hashes = {n: kernel_hashes(s) for n, s in sources.items() if n not in unprofiled}
     kernel_names = {h: k for n in hashes for k, h in hashes[n].items()}
     manifest = bundles[baseline].manifest
     latency, profiles, parity = [], [], []
@@ -98,7 +82,7 @@ def measure(sources: dict[str, str], *, baseline: str, sizes: tuple[str, ...], b
             args, refused = {}, {}
             for name, runner in runners.items():
                 try:
-                    args[name] = runner.args(image)
+                    args[name] = runner.vm_args(image)
                 except InputError as err:
                     refused[name] = str(err)
             log(f"  llvm: B={batch} {text}: timing {len(args)} graph(s) round-robin"
@@ -183,8 +167,9 @@ def run_vision_guide(*, graphs: list[str] | None = None, sizes: tuple[str, ...] 
                            "machine": _machine()},
               "versions": {"portable_pe": __version__, "tvm": tvm.__version__}}
     try:
-        result["llvm"] = measure(sources, baseline=baseline, sizes=sizes, batches=batches, threads=threads, repeat=repeat,
-                                 work_dir=work, log=log)
+        result["llvm"] = measure(sources, baseline=baseline, sizes=sizes, batches=batches, threads=threads,
+                                 unprofiled={n for n, s in specs.items() if s.encoding == WINDOWED},
+                                 repeat=repeat, work_dir=work, log=log)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result["seconds"] = time.perf_counter() - start

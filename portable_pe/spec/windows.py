@@ -10,9 +10,11 @@ rolled grid puts there, and back). Cutting the grid with reshapes and transposes
 (B, gh, gw, D) -> (B, gh/W, W, gw/W, W, D) -> ... gives TVM 6-D reshapes whose index
 arithmetic divides by one symbolic dim after another: LLVM's code generation spent minutes
 to over half an hour simplifying a single such kernel. A gather's index is the tensor's
-values, not shape arithmetic, and no reshape of symbolic dims is left. The tokens and the
-bias's positions are gathered by the same index tensor, so their window counts are one dim
-for TVM; the blocks' tensors stay rank 4 (rank 5 once split into heads), as the NPUs need.
+values, not shape arithmetic; the reshapes left only split or merge one axis (tokens <->
+windows x W * W). The tokens and the bias's positions are gathered by the same index tensor,
+so their window counts are one dim for TVM (legalize writes floor(H/8) * floor(W/8) / 9 as
+floor(H/24) * floor(W/24), dimexpr.py); the blocks' tensors stay rank 4 (rank 5 once split
+into heads), as the NPUs need.
 
 The grid's sides must be whole windows (the graph's pixel dims are multiples of patch * W).
 The window counts are read off a tensor of that shape (a strided slice of the positions,
@@ -57,14 +59,6 @@ def window_destinations(positions: torch.Tensor, window: int, shift: int) -> tor
     return (window_index * (window * window) + (rows % window) * window + cols % window).flatten()
 
 
-def gather(x: torch.Tensor, axis: int, index: torch.Tensor) -> torch.Tensor:
-    """x[..., index, ...] along `axis` for a 2D index, its dims read off `index` itself
-    (torch's x[:, index] exports as one Gather whose TVM import reshapes to -1: a window
-    count N // (W * W) that TVM cannot tell equal to the bias's, which is the index's own)."""
-    picked = x.index_select(axis, index.flatten())
-    return picked.reshape(*x.shape[:axis], index.shape[0], index.shape[1], *x.shape[axis + 1:])
-
-
 class WindowBlock(Block):
     """A Block run on each (shifted) window: Swin's block. Its norms, MLP and residuals act
     per token, so they commute with cutting the tokens into windows; only the attention
@@ -78,9 +72,7 @@ class WindowBlock(Block):
         if prefix:
             raise ValueError("window attention has no prefix (CLS, register) tokens")
         sources = window_sources(positions, self.window, self.shift)  # (windows, W * W)
-        windows = gather(x, 1, sources)  # (B, windows, W * W, D)
-        # the positions gathered as the tokens are, from (1, N, 2): TVM's import then derives
-        # both window counts from N alike (not one from N and one from the index's shape)
-        spots = gather(positions.flatten(0, 1).unsqueeze(0), 1, sources)[0]  # (windows, W * W, 2)
+        windows = x[:, sources]  # (B, windows, W * W, D)
+        spots = positions.flatten(0, 1)[sources]  # (windows, W * W, 2): each patch's place in the image
         y = super().forward(windows, spots, pe)
         return y.flatten(1, 2)[:, window_destinations(positions, self.window, self.shift)]  # (B, N, D)
