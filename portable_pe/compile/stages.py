@@ -96,7 +96,11 @@ def stage_simplify(st: CompileState) -> Added:
     from .relation_probe import learn_relations
     from .simplify import simplify_onnx
     from .size_probe import probe_pixel_sizes
+    from .static_if import inline_static_ifs
     model, _ = widen_bf16_mul(st.model)  # before anything runs it: onnxruntime has no bf16 Mul
+    model, inlined = inline_static_ifs(model)  # before onnxsim, whose folding fails on them
+    if inlined:
+        st.log(f"  {inlined} If node(s) decided by static ranks: replaced by the branch taken")
     io = describe_io(model, st.spec)
     if st.spec is None:  # a foreign export's dims, tried before they are trusted: how they are
         io = learn_relations(model, io, stated=st.request.dim_relations, log=st.log)  # tied,
@@ -138,7 +142,10 @@ def stage_legalize(st: CompileState) -> Added:
                      if info.get("multiple", 1) > 1}
         model = copy.deepcopy(model)
         tie_input_dims(model, relations_of(io))
-        model = legalize(model, multiples=multiples)
+        # a foreign export's own shape arithmetic (Swin's -1 reshapes) needs the image restated
+        # in whole multiples; our graphs' dim programs are all legalize's (and the restated image
+        # made the tiny Swin's LLVM build take 10 minutes instead of 24 s)
+        model = legalize(model, multiples=multiples, pin_multiples=st.spec is None)
         io = json.loads(json.dumps(io))  # a copy: the bounds narrow it
         for said in apply_dim_bounds(io, dim_bounds(model)):  # the graph runs only up to them
             st.log(f"  legalize: {said}")

@@ -62,7 +62,7 @@ __all__ = ["legalize", "blocking_nodes", "dim_bounds"]
 
 def legalize(
     model: onnx.ModelProto, *, input_shapes: dict[str, list[int | str]] | None = None,
-    multiples: dict[str, int | tuple[int, int]] | None = None,
+    multiples: dict[str, int | tuple[int, int]] | None = None, pin_multiples: bool = False,
 ) -> onnx.ModelProto:
     """Rewrite ``model`` (a copy) so that TVM's Relax ONNX importer can follow its shapes.
 
@@ -70,7 +70,11 @@ def legalize(
     name a symbolic dim (the same name in two inputs means the same size).
     ``multiples`` ({dim: m} or {dim: (m, patch)}): dims known to be multiples of m (an image
     side in whole windows), which decides shape arithmetic the dim alone leaves open (a
-    window's padding); dim programs are written in the patch grid, H // patch.
+    window's padding); dim programs are written in the patch grid, H // patch. With
+    ``pin_multiples`` an image whose multiple is coarser than its patch is restated as
+    m * (H // m) ahead of its consumers and the dim programs are written in H // m, so that
+    TVM sees a foreign Swin's tokens (H // 4 * (W // 4)) and its windows times their area
+    (H // 8 * (W // 8) * 4) as one dim (``_Rewriter.pin_multiples``).
     Dynamic dims stay dynamic.
     """
     model = copy.deepcopy(model)
@@ -88,7 +92,7 @@ def legalize(
     bounds: dict = {}  # linear form of dims -> the largest value the graph runs at
     for _ in range(8):
         inferred = _infer(model)
-        sym = _Sym(inferred.graph, multiples)
+        sym = _Sym(inferred.graph, multiples, pinned=pin_multiples)
         sym.run()
         for s, top in sym.bounds.items():  # once rewritten, the graph no longer shows them
             bounds[s] = min(top, bounds.get(s, top))
@@ -96,6 +100,10 @@ def legalize(
         _dce(model.graph)
         if not changed:
             break
+    if multiples and pin_multiples:
+        sym = _Sym(_infer(model).graph, multiples, pinned=True)
+        sym.run()
+        _Rewriter(model, sym).pin_multiples()
     out = _infer(model)
     if bounds:
         set_dim_bounds(out, [_as_bound(form, top) for form, top in bounds.items()])

@@ -58,13 +58,23 @@ class DimEmitter:
         grid G = floor(H / p), the dim TVM's conv shape rule gives for a stem of stride p:
         q = G * p / m exactly, so Swin's 16 * q_h * q_w (m = 16, p = 4) is G_h * G_w, 2 * q_h
         is G_h / 2 (TVM: H // 8), and a ViT's q_h * q_w (m = p = 8) is floor(H/8) * floor(W/8);
-        H * W // 64 would be the same number in a form TVM cannot match with those."""
+        H * W // 64 would be the same number in a form TVM cannot match with those.
+
+        Where the image is restated as m * floor(H / m) ahead of its consumers (``sym.pinned``,
+        ``_Rewriter.pin_multiples``), q is floor(H / m): every shape TVM derives (the stem's
+        grid, a window count, a -1 in a reshape) is then a polynomial in floor(H / m) too, and
+        TVM's simplifier sees a foreign Swin's tokens equal to its windows times their area,
+        which in H alone (H // 4 * (W // 4) against H // 8 * (W // 8) * 4) are equal only for
+        multiples of 8."""
         e = sympy.sympify(e)
         quotients = self.rw.sym.quotients
         if not (quotients and e.free_symbols & set(quotients)):
             return e
-        grid = {q: sympy.floor(dim / p) * sympy.Rational(p, m) for q, (dim, m, p) in quotients.items()}
-        return sympy.expand(e.subs(grid))
+        if self.rw.sym.pinned:
+            form = {q: sympy.floor(dim / m) for q, (dim, m, _) in quotients.items()}
+        else:
+            form = {q: sympy.floor(dim / p) * sympy.Rational(p, m) for q, (dim, m, p) in quotients.items()}
+        return sympy.expand(e.subs(form))
 
     def expressible(self, e) -> bool:
         e = self._in_dims(e)

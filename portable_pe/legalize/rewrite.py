@@ -20,6 +20,7 @@ import onnx
 import sympy
 from onnx import helper, numpy_helper
 
+from ..spec.pixel_inputs import PINNED_IMAGE
 from .bounds import nonnegative
 from .dimexpr import DimEmitter, NotExpressible
 from .shapes import INT_BIG
@@ -116,6 +117,33 @@ class _Rewriter:
             self.g.initializer.extend(self.inits)
         return self.changed
 
+    def pin_multiples(self) -> bool:
+        """Each graph input with a dim known to be a multiple m reshaped to m * (dim // m)
+        ahead of its consumers (the same tensor, for the sizes the bundle takes), so that
+        TVM derives every later shape from dim // m, the form the dim programs are written
+        in (``DimEmitter._in_dims``)."""
+        # only where a multiple is coarser than the patch (Swin's windows): a ViT's grid
+        # floor(H / patch) is the form TVM's conv gives already
+        quotients = {q for q, (_, m, patch) in self.sym.quotients.items() if m > patch}
+        pinned, reshapes = {}, []
+        for vi in self.g.input:
+            shape = self.sym.shape.get(vi.name)
+            if not shape or not any(isinstance(d, sympy.Expr) and d.free_symbols & quotients for d in shape):
+                continue
+            pinned[vi.name] = self.fresh(PINNED_IMAGE[len("ppe_"):])
+            reshapes.append(helper.make_node("Reshape", [vi.name, self.dims.vector(shape)], [pinned[vi.name]],
+                                             name=pinned[vi.name]))
+        if not pinned:
+            return False
+        for node in self.g.node:  # dims are read from the input itself, as before
+            if node.op_type != "Shape":
+                node.input[:] = [pinned.get(i, i) for i in node.input]
+        nodes = self.prefix + reshapes + list(self.g.node)
+        del self.g.node[:]
+        self.g.node.extend(nodes)
+        self.g.initializer.extend(self.inits)
+        return True
+
     def dry_run(self) -> dict[int, tuple[int, str]]:
         """{node index: (input index, why)} for operands no dim program expresses; the
         graph is not changed."""
@@ -145,6 +173,10 @@ class _Rewriter:
                 return sliced
         if all(o in self.sym.val for o in node.output if o):
             return None  # inside a shape computation: its consumers are rewritten instead
+        if node.op_type == "Slice":
+            taken = self.slice_as_take(node)
+            if taken is not None:
+                return taken
         clamped = self.clamp_slice_ends(node) if node.op_type == "Slice" else None
         new, changed = copy.deepcopy(clamped or node), clamped is not None
         for k, name in enumerate(node.input):
@@ -192,6 +224,28 @@ class _Rewriter:
             return self.dims.vector(dims)
         return self.dims.tensor(val, elem)
 
+    def slice_as_take(self, node):
+        """A Slice of a few leading elements of a symbolic axis (Swin's cyclic shift back:
+        x[:, :s] beside x[:, s:]) as a Gather of those indices. With constant bounds TVM
+        writes the slice's length min(s, dim) - the axis might be shorter - and the Concat
+        after it a dim no other tensor has; a Gather of s constant indices has length s,
+        and the axis is known to be at least that long."""
+        bounds = [self.sym.val.get(i) if i else None for i in node.input[1:5]]
+        if len(node.input) < 4 or any(b is None or b.size != 1 for b in bounds[:3]) \
+                or (len(bounds) > 3 and bounds[3] is not None and int(bounds[3].ravel()[0]) != 1):
+            return None
+        start, end, axis = (b.ravel()[0] for b in bounds[:3])
+        shape = self.sym.shape.get(node.input[0])
+        if shape is None or not all(e.is_number for e in (start, end, axis)):
+            return None
+        axis = int(axis) % len(shape)
+        dim = shape[axis]
+        if dim.is_number or not self.sym.followed(dim) or not 0 <= int(start) < int(end) <= int(start) + 64 \
+                or not _at_least(dim, end, self.sym.bounds):
+            return None
+        index = self.const(np.arange(int(start), int(end), dtype=np.int64))
+        return [helper.make_node("Gather", [node.input[0], index], list(node.output), axis=axis, name=node.name)]
+
     def clamp_slice_ends(self, node):
         """A Slice's "to the end" ends (>= INT_BIG) written as the axis length, or None, where
         TVM's converter would otherwise lose a dim: once one bound is symbolic it takes every
@@ -211,18 +265,26 @@ class _Rewriter:
         if axes is None or steps is None:
             return None
         out_shape = dict(enumerate(sym.shape.get(node.output[0]) or []))
-        clamped, symbolic_axis, in_range = [], False, True
+        begun, clamped, symbolic_axis, in_range = [], [], False, True
         for start, end, axis, step in zip(list(starts.ravel()), ends, np.ravel(axes), np.ravel(steps)):
             axis, step = sympy.sympify(axis), sympy.sympify(step)  # the defaults are plain ints
             if not (axis.is_number and step.is_number):
                 return None
             axis = int(axis) + len(shape) if int(axis) < 0 else int(axis)
             dim = shape[axis]
+            if int(step) > 0 and sym.followed(dim) and not dim.is_number:
+                # counted from the end on a symbolic axis (Swin's cyclic shift: x[:, -s:] and
+                # x[:, :-s]): dim - s, exact where the axis is at least s long; TVM would
+                # write min(max(dim - s, 0), dim) and lose the dim
+                if start.is_number and int(start) < 0 and _at_least(dim, -int(start), sym.bounds):
+                    start = sympy.expand(dim + start)
+                if end.is_number and -INT_BIG < int(end) < 0 and _at_least(dim, -int(end), sym.bounds):
+                    end = sympy.expand(dim + end)
             if end.is_number and int(end) >= INT_BIG and int(step) > 0 and sym.followed(dim):
                 symbolic_axis |= not dim.is_number
                 # with every bound taken as in range, a start must be one: not from the end
                 # (x[:, -4:]) and not past the axis for any input
-                in_range &= start.is_number and int(start) >= 0 and _at_least(dim, start, sym.bounds)
+                in_range &= (not start.is_number or int(start) >= 0) and _at_least(dim, start, sym.bounds)
                 end = dim
                 length = out_shape.get(axis)
                 if int(step) > 1 and length is not None and sym.followed(length) and not length.is_number:
@@ -230,12 +292,18 @@ class _Rewriter:
                     # the exact count in every slice (Swin's x[:, 0::2] and x[:, 1::2] both H/8),
                     # where the axis length would give (H/4 + 1) // 2 and (H/4) // 2, unequal to it
                     end = sympy.expand(start + step * (length - 1) + 1)
+            begun.append(start)
             clamped.append(end)
         symbolic_bound = not all(e.is_number for e in list(starts.ravel()) + ends)
-        if clamped == ends or not (symbolic_bound or (symbolic_axis and in_range)) \
-                or not all(sym.followed(e) for e in clamped):
+        # once a bound is symbolic TVM takes every bound as in range: none may count from the end
+        in_range &= all(not b.is_number or int(b) >= 0 for b in begun + clamped)
+        symbolic_axis |= begun != list(starts.ravel()) or any(not e.is_number for e in clamped if e not in ends)
+        unchanged = clamped == ends and begun == list(starts.ravel())
+        if unchanged or not (symbolic_bound or (symbolic_axis and in_range)) \
+                or not all(sym.followed(e) for e in begun + clamped):
             return None
         new = copy.deepcopy(node)
+        new.input[1] = self.dims.vector(begun)
         new.input[2] = self.dims.vector(clamped)
         return new
 
@@ -326,6 +394,15 @@ class _Rewriter:
         pads = sym.val.get(node.input[1]) if len(node.input) > 1 else None
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         data_shape = sym.shape.get(node.input[0])
+        if pads is not None and all(e.is_number for e in pads.ravel()) and node.input[1] not in self._init_names:
+            # amounts computed from dims that the multiples decide (Swin pads H and W up to
+            # whole windows: nothing, when the image is in whole windows); TVM's Pad would
+            # see a computation, not constants, and lose the output's shape
+            if not any(int(e) for e in pads.ravel()):
+                return [helper.make_node("Identity", [node.input[0]], [node.output[0]], name=node.name)]
+            fixed = copy.deepcopy(node)
+            fixed.input[1] = self.const(np.array([int(e) for e in pads.ravel()], np.int64))
+            return [fixed]
         if (pads is None or all(e.is_number for e in pads.ravel()) or attrs.get("mode", b"constant") != b"constant"
                 or (len(node.input) > 3 and node.input[3]) or data_shape is None):
             return None

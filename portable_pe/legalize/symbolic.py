@@ -42,8 +42,12 @@ _MAX_ELEMS = 64  # only small tensors are evaluated symbolically
 class _Sym:
     """Symbolic evaluation state for one graph."""
 
-    def __init__(self, graph: onnx.GraphProto, multiples: dict[str, int | tuple[int, int]] | None = None):
+    def __init__(self, graph: onnx.GraphProto, multiples: dict[str, int | tuple[int, int]] | None = None,
+                 *, pinned: bool = False):
         self.graph = graph
+        #: the image inputs are restated in whole multiples (legalize's pin_multiples): dim
+        #: programs are written in H // m, not in the patch grid (dimexpr.DimEmitter._in_dims)
+        self.pinned = pinned
         self.val: dict[str, np.ndarray] = {}  # object arrays of sympy exprs
         self.isint: dict[str, bool] = {}
         self.shape: dict[str, list | None] = {}
@@ -247,6 +251,8 @@ class _Sym:
             shp = [int(x) for x in _ints(v[1])]
             shp = [v[0].shape[i] if d == 0 else d for i, d in enumerate(shp)]
             out = v[0].reshape(shp)
+        elif op == "Transpose":  # Swin's pads: [[0, 0], [0, pad_w], ...] transposed to ONNX's order
+            out = np.transpose(v[0], a.get("perm"))
         elif op in ("Add", "Sub", "Mul", "Div", "Mod", "Max", "Min", "Pow"):
             x, y = np.broadcast_arrays(v[0], v[1])
             fn = {

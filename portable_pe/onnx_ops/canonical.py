@@ -4,7 +4,8 @@ One dim can reach the Relax module written two ways: Relax's concat writes a CLS
 and N patches as ``2 + N``, legalize's rebuilt reshape as ``N + 2``, and TVM's own
 passes (LegalizeOps) simplify ``2 + N`` to ``N + 2`` for the outputs they make but not for
 the kernels made before them (fast math). FuseTIR then refuses the fused kernel
-("Inconsistent buffers ... mapped to the same relax var"). Rewriting every binding's shape
+("Inconsistent buffers ... mapped to the same relax var"). Rewriting every binding's shape,
+and every shape operand (a reshape's target: Swin's window count 4 * (H // 16) * (W // 16)),
 with TVM's simplifier once, right after the import, gives every pass the same form."""
 
 from __future__ import annotations
@@ -31,6 +32,14 @@ class _CanonicalShapes(PyExprMutator):
     def __init__(self, mod):
         super().__init__(mod)
         self.analyzer = tvm.sym.Analyzer()
+
+    def visit_shape_expr_(self, op):
+        """A shape operand (a reshape's target) in the same form as the shapes: LegalizeOps
+        gives the kernel's output buffer the operand's form, and the binding's."""
+        dims = [self.analyzer.simplify(d) for d in op.values]
+        if all(d.same_as(o) for d, o in zip(dims, op.values)):
+            return op
+        return relax.ShapeExpr(dims)
 
     def visit_var_binding_(self, binding):
         value = self.visit_expr(binding.value)

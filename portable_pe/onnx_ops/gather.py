@@ -20,11 +20,19 @@ class Gather(_fe.Gather):
     and ``Gather(x, 1, axis=-1)``) has 16 of them, and in a static-shape build
     ``FoldConstant`` compiled each step of each with LLVM: 2.6 s of the rope_interleaved
     compile. A constant index is normalized here, in numpy, when its axis is static or
-    it is not negative; anything else goes to TVM's converter."""
+    it is not negative; anything else goes to TVM's converter.
+
+    A shape whose values are known only at run time (``Shape`` of a tensor of unknown
+    shape, e.g. after a Pad by computed amounts: Swin's window padding) is a Relax shape
+    value that TVM's Gather hands to ``shape_of`` ("shape_of expects a tensor input, but
+    received R.Shape"); it is gathered from as the tensor of its values here."""
 
     @classmethod
     def _impl_v13(cls, bb, inputs, attr, params):
         data, indices = inputs[0], inputs[1]
+        if isinstance(data.ty, relax.ShapeType) and not isinstance(data, relax.ShapeExpr):
+            data = bb.normalize(relax.op.shape_to_tensor(data))
+            return super()._impl_v13(bb, [data, *inputs[1:]], attr, params)
         if not isinstance(indices, tvm.ir.GenericConst) or isinstance(data, (relax.ShapeExpr, tvm.ir.GenericConst)):
             return super()._impl_v13(bb, inputs, attr, params)
         ty = data.ty

@@ -17,6 +17,9 @@ import onnx
 #: ops that keep a tensor's shape (and its meaning as pixels) between the input and the Conv
 _PASS_THROUGH = {"Cast", "Identity", "Add", "Sub", "Mul", "Div", "Clip", "Relu"}
 _MAX_STEPS = 4
+#: the name prefix of the Reshape with which legalize restates an image in whole multiples
+#: of its coarsest size (legalize.rewrite._Rewriter.pin_multiples): the same pixels
+PINNED_IMAGE = "ppe_whole"
 #: the largest foreign image side accepted (pixels)
 FOREIGN_PIXEL_MAX = 4096
 
@@ -74,7 +77,7 @@ def _conv_of(name: str, consumers) -> onnx.NodeProto | None:
             for node in consumers.get(tensor, []):
                 if node.op_type == "Conv" and node.input[0] == tensor:
                     return node
-                if node.op_type in _PASS_THROUGH:
+                if node.op_type in _PASS_THROUGH or (node.op_type == "Reshape" and node.name.startswith(PINNED_IMAGE)):
                     following.extend(node.output)
         frontier = following
     return None
