@@ -5,10 +5,13 @@
     python scripts/npu_rknn_table.py --foreign             # also two Hugging Face encoders
     python scripts/npu_rknn_table.py --compare-qdq         # also: our QDQ graph vs float + calibration
     python scripts/npu_rknn_table.py --vision              # graphs/vision/*.toml at --image-size 224x224 x int8,fp16
+    python scripts/npu_rknn_table.py --vision --hf-vision vit,dinov2,dinov3,swin   # also transformers' own vision encoders
 
 A vision graph's cell is built at one static image size (--image-size HxW; a video graph
 takes its temporal patch as the frame count, one patch deep, so 224x224 is 196 patches for
-every graph); its T column is that size and the token count.
+every graph); its T column is that size and the token count. A Hugging Face vision encoder
+(--hf-vision: portable_pe.hf.vision's tiny configs, exported by TorchScript with H and W
+dynamic, as a user's file) is pinned to that size with --shape pixel_values=1x3xHxW.
 
 Each cell runs the compile pipeline's own stages (compile.pipeline.prepare through the
 vendor stage: load, export, simplify, legalize for `--target npu --profile rknpu2`,
@@ -39,7 +42,10 @@ def cell(source: str, *, seq_len: int | list[int], dtype: str, soc: str, shapes:
     A vision graph's `seq_len` is its image size ([H, W], video [F, H, W])."""
     from portable_pe.compile.pipeline import prepare
     from portable_pe.npu.rknn_stage import summary
-    size = {"image_size": seq_len} if isinstance(seq_len, list) else {"seq_len": seq_len}
+    if isinstance(seq_len, list):  # an image: a foreign file's size comes from its --shape
+        size = {} if shapes else {"image_size": seq_len}
+    else:
+        size = {"seq_len": seq_len}
     options = {"profile": "rknpu2", **size, "npu_dtype": dtype, "soc": soc,
                "vendor_build": "skip" if vendor_input == "qdq" else "require"}
     t = time.perf_counter()
@@ -102,6 +108,18 @@ def vision_jobs(graphs: str | None, image_size: str, dtypes: list[str]) -> list[
     return jobs
 
 
+def hf_vision_jobs(archs: str, image_size: str, dtypes: list[str], out: Path) -> list[tuple]:
+    """(exported file, its --shape, image size, dtype) for each transformers vision encoder."""
+    from portable_pe.hf.vision import export_vision
+    h, w = (int(n) for n in image_size.split("x"))
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = []
+    for arch in archs.split(","):
+        _, path = export_vision(arch, out / f"hf_{arch}.onnx", exporter="torchscript")
+        jobs += [(str(path), {"pixel_values": [1, 3, h, w]}, [h, w], d) for d in dtypes]
+    return jobs
+
+
 def markdown(rows: list[dict]) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for r in rows:
@@ -125,6 +143,8 @@ def main(argv=None) -> int:
     p.add_argument("--foreign", action="store_true", help="also BERT and RoFormer from transformers (local configs)")
     p.add_argument("--compare-qdq", action="store_true", help="also hand RKNN our QDQ graph (int8, T=128, every graph)")
     p.add_argument("--vision", action="store_true", help="graphs/vision/*.toml (or --graphs) at --image-size")
+    p.add_argument("--hf-vision", default="", help="also these transformers vision encoders (e.g. vit,dinov2,dinov3,swin), "
+                   "pinned to --image-size")
     p.add_argument("--image-size", default="224x224", help="--vision: the static image size HxW (default 224x224)")
     p.add_argument("--out", type=Path, default=ROOT / "dist" / "npu-rknn-table")
     args = p.parse_args(argv)
@@ -138,6 +158,8 @@ def main(argv=None) -> int:
     if args.foreign:
         for name, (path, shapes) in foreign_models(args.out / "foreign").items():
             jobs += [(str(path), shapes, int(next(iter(shapes.values()))[1]), d) for d in args.dtypes.split(",")]
+    if args.hf_vision:
+        jobs += hf_vision_jobs(args.hf_vision, args.image_size, args.dtypes.split(","), args.out / "hf-vision")
     rows = []
     for source, shapes, n, dtype in jobs:
         print(f"[{len(rows) + 1}/{len(jobs)}] {Path(source).stem} {'T=' + str(n) if isinstance(n, int) else n} "

@@ -1,6 +1,7 @@
 """Arm Ethos-U55/U65/U85 through Vela: our side of the ethos-u toolchain.
 
     graph spec, N -> torch.export program, positions = arange(N) folded to constants
+    (a vision spec, H x W -> the program of pixels (1, C, H, W): the grid's positions fold)
                   -> (worker, in the toolchain venv) litert-torch float TFLite
                   -> ai-edge-quantizer full int8 (calibrated) -> LiteRT accuracy check
                   -> Vela per accelerator: per-layer cycles, SRAM/DRAM traffic, CPU fallbacks
@@ -46,11 +47,19 @@ ACCELERATORS: dict[str, dict] = {
 @dataclass(frozen=True)
 class VelaJob:
     spec: object        # graphs.GraphSpec
-    seq_len: int
+    seq_len: int        # a vision spec's: the tokens its image makes
+    image: tuple[int, ...] | None = None  # a vision spec's static size ([F,] H, W)
 
     @property
     def id(self) -> str:
-        return f"{self.spec.name}/T{self.seq_len}"
+        return f"{self.spec.name}/{'x'.join(map(str, self.image))}" if self.image else f"{self.spec.name}/T{self.seq_len}"
+
+    @classmethod
+    def for_image(cls, spec, image) -> "VelaJob":
+        vision = spec.vision
+        patches = ([vision.temporal_patch] if vision.video else []) + [vision.patch] * 2
+        tokens = vision.prefix + int(np.prod([n // p for n, p in zip(image, patches)]))
+        return cls(spec, tokens, tuple(int(n) for n in image))
 
 
 def calibration_count(seq_len: int) -> int:
@@ -59,8 +68,11 @@ def calibration_count(seq_len: int) -> int:
     return max(1, min(8, 1024 // seq_len))
 
 
-def refusal(spec, seq_len: int) -> str | None:
-    """Why this encoder cannot be built at a static length N (None when it can)."""
+def refusal(spec, seq_len: int, image=None) -> str | None:
+    """Why this encoder cannot be built at a static length N (None when it can); an image
+    size was checked against the spec's patch and max size already (npu/image_size.py)."""
+    if image is not None:
+        return None
     if seq_len < 1:
         return f"sequence length must be positive, got {seq_len}"
     if seq_len > spec.max_length:
@@ -69,11 +81,13 @@ def refusal(spec, seq_len: int) -> str | None:
     return None
 
 
-def export_program(spec, seq_len: int, path: Path) -> dict:
+def export_program(spec, seq_len: int, path: Path, image=None) -> dict:
     """A torch.export program x (1, N, D) -> hidden with positions = arange(N) folded in:
     every position computation (sin/cos, RoPE tables, T5 buckets, ALiBi distances) becomes
     a constant, as the NPU graph needs; identical constants (a bias every layer recomputes)
-    are kept once."""
+    are kept once. A vision spec's program takes pixels (1, C, *image): its patch grid's
+    positions (and what they feed: 2D RoPE's tables, a resized learned table, a relative
+    bias) come from the static shape and fold the same way."""
     import warnings
     import torch
     from torch.fx.experimental.const_fold import split_const_subgraphs
@@ -88,8 +102,13 @@ def export_program(spec, seq_len: int, path: Path) -> dict:
             return self.encoder(x, self.positions)
 
     start = time.perf_counter()
-    example = (torch.zeros(1, seq_len, spec.model.d_model),)
-    module = FixedPositions(spec.build()).eval()
+    if image is not None:
+        example = (torch.zeros(1, spec.vision.channels, *image),)
+        module = spec.build().eval()
+        module.fix_positions(example[0])
+    else:
+        example = (torch.zeros(1, seq_len, spec.model.d_model),)
+        module = FixedPositions(spec.build()).eval()
     with torch.no_grad(), warnings.catch_warnings():
         # const_fold warns about every folded attribute it adds ("no underlying reference")
         warnings.simplefilter("ignore", UserWarning)
@@ -143,15 +162,18 @@ def _get_attr(gm, target: str):
     return obj
 
 
-def job_data(spec, seq_len: int, *, seed: int = 0) -> dict[str, np.ndarray]:
-    """Calibration inputs, one check input and PyTorch's fp32 output for it."""
+def job_data(spec, seq_len: int, *, seed: int = 0, image=None) -> dict[str, np.ndarray]:
+    """Calibration inputs, one check input and PyTorch's fp32 output for it (an image spec's:
+    standard-normal pixels, as a normalized image is fed)."""
     import torch
     rng = np.random.default_rng(seed)
-    d = spec.model.d_model
-    calibration = rng.standard_normal((calibration_count(seq_len), 1, seq_len, d)).astype(np.float32)
-    check = rng.standard_normal((1, seq_len, d)).astype(np.float32)
+    shape = (1, spec.vision.channels, *image) if image is not None else (1, seq_len, spec.model.d_model)
+    calibration = rng.standard_normal((calibration_count(seq_len), *shape)).astype(np.float32)
+    check = rng.standard_normal(shape).astype(np.float32)
     with torch.no_grad():
-        reference = spec.build()(torch.from_numpy(check), torch.arange(seq_len)).numpy()
+        model = spec.build()
+        reference = (model(torch.from_numpy(check)) if image is not None
+                     else model(torch.from_numpy(check), torch.arange(seq_len))).numpy()
     return {"calibration": calibration, "check": check, "reference": reference}
 
 
@@ -173,7 +195,7 @@ def compile_jobs(jobs: list[VelaJob], *, accelerators: list[str], work_dir: Path
     results: dict[str, dict] = {}
     todo = []
     for job in jobs:
-        why = refusal(job.spec, job.seq_len)
+        why = refusal(job.spec, job.seq_len, job.image)
         if why:
             results[job.id] = {"id": job.id, "ok": False, "stage": "export", "error": why}
         else:
@@ -188,8 +210,8 @@ def compile_jobs(jobs: list[VelaJob], *, accelerators: list[str], work_dir: Path
         for job in group:
             stem = job.id.replace("/", "-")
             log(f"  ethos-u: exporting {job.id} (positions folded)")
-            info = export_program(job.spec, job.seq_len, folder / f"{stem}.pt2")
-            np.savez(folder / f"{stem}.npz", **job_data(job.spec, job.seq_len))
+            info = export_program(job.spec, job.seq_len, folder / f"{stem}.pt2", image=job.image)
+            np.savez(folder / f"{stem}.npz", **job_data(job.spec, job.seq_len, image=job.image))
             results[job.id] = {"id": job.id, "export": info}
             request["jobs"].append({"id": job.id, "program": f"{stem}.pt2", "data": f"{stem}.npz", "out": stem,
                                     "accelerators": [ACCELERATORS[a] for a in accelerators]})
@@ -263,8 +285,9 @@ def placement(entry: dict, accelerator: str) -> dict:
     return {"ops_npu": report.get("npu_ops"), "ops_cpu": report.get("cpu_ops"), "cpu_ops": cpu}
 
 
-def build_bundle_files(*, spec, seq_len: int, accelerator: str = "ethos-u85", work_dir: Path,
-                       log: Callable[[str], None] = print, python: Path | None = None) -> tuple[dict[str, bytes], dict]:
+def build_bundle_files(*, spec, seq_len: int | None, accelerator: str = "ethos-u85", work_dir: Path,
+                       log: Callable[[str], None] = print, python: Path | None = None,
+                       image: list[int] | None = None) -> tuple[dict[str, bytes], dict]:
     """The Ethos-U part of an `--target npu --profile ethos-u85` bundle: (files, report).
 
     files: {"model_int8.tflite": the full-int8 TFLite model, "model_vela.tflite": Vela's
@@ -272,7 +295,8 @@ def build_bundle_files(*, spec, seq_len: int, accelerator: str = "ethos-u85", wo
     "vela_report.json": the per-layer report}. report: the manifest's summary (Vela's
     estimate, ops on NPU/CPU with reasons, int8 accuracy against PyTorch, versions).
     Raises VendorError (the vendor's words) when the build fails, ValueError when the
-    spec cannot be built at seq_len: nothing is written to a bundle then.
+    spec cannot be built at seq_len: nothing is written to a bundle then. A vision spec is
+    built at `image` ([F,] H, W) instead of a length.
     """
     if spec is None:
         raise ValueError("the Ethos-U build converts the PyTorch model to TFLite: it needs a graph spec, "
@@ -280,18 +304,19 @@ def build_bundle_files(*, spec, seq_len: int, accelerator: str = "ethos-u85", wo
     if accelerator not in ACCELERATORS:
         raise ValueError(f"unknown Ethos-U accelerator {accelerator!r}; valid: {', '.join(ACCELERATORS)}")
     shutil.rmtree(work_dir, ignore_errors=True)
-    (entry,) = compile_jobs([VelaJob(spec, seq_len)], accelerators=[accelerator], work_dir=work_dir,
-                            log=log, python=python)
+    job = VelaJob.for_image(spec, image) if image is not None else VelaJob(spec, seq_len)
+    (entry,) = compile_jobs([job], accelerators=[accelerator], work_dir=work_dir, log=log, python=python)
     if entry.get("stage") == "export":
         raise ValueError(entry["error"])
     if not entry.get("ok"):
-        raise VendorError(f"ethos-u build of {spec.name} at N={seq_len} failed in {entry.get('stage')}: "
+        raise VendorError(f"ethos-u build of {job.id} failed in {entry.get('stage')}: "
                           f"{entry.get('error')}")
     vela_report = entry["vela"][ACCELERATORS[accelerator]["name"]]
     if not vela_report.get("ok"):
         raise VendorError(f"vela ({accelerator}): {vela_report.get('error')}")
     summary = summarize(entry, accelerator)
-    report = {"toolchain": TOOLCHAIN, "accelerator": accelerator, "seq_len": seq_len, "versions": entry["versions"],
+    report = {"toolchain": TOOLCHAIN, "accelerator": accelerator, "seq_len": None if image else seq_len,
+              "image": list(image) if image else None, "versions": entry["versions"],
               "vela_command": vela_report["command"], "accuracy_int8": entry["accuracy"],
               "tflite_ops": entry["tflite_ops"], "calibration_samples": entry["calibration_samples"],
               "tflite_operators": entry["tflite_operators"], "placement": placement(entry, accelerator),

@@ -26,13 +26,10 @@ PREFIX = "vela/"
 
 
 def blocker(state) -> str | None:
-    """Vela's path converts the PyTorch model of a sequence encoder: an .onnx file has no such model, and a
-    vision graph is not one."""
+    """Vela's path converts the PyTorch model: an .onnx file has none."""
     if state.spec is None:
         return ("the graph came as an .onnx file: Vela's path converts the PyTorch model (ONNX -> TFLite would "
                 "need TensorFlow)")
-    if state.spec.vision is not None:
-        return "a vision graph: Vela's path converts sequence encoders (x, positions) only, not a patch stem"
     return None
 
 
@@ -52,8 +49,9 @@ def build_stage(state):
     accelerator = profile.accelerator
     npu = state.report["npu"]
     with tempfile.TemporaryDirectory(prefix="portable-pe-vela-") as work:
+        image = npu["image"]["shape"][2:] if npu.get("image") else None  # (1, C, [F,] H, W)
         files, report = build_bundle_files(spec=state.spec, seq_len=npu["seq_len"], accelerator=accelerator,
-                                           work_dir=Path(work) / "build", log=state.log)
+                                           work_dir=Path(work) / "build", log=state.log, image=image)
     acc = report["accuracy_int8"]
     state.log(f"  vela ({accelerator}): {report['npu_ops']} op(s) on the NPU, {report['cpu_ops']} on the CPU; "
               f"estimate {report['inference_ms']:.3f} ms; int8 TFLite vs PyTorch: cosine {acc['cosine']:.6f}")

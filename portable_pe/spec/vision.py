@@ -87,9 +87,20 @@ class PatchStem(nn.Module):
         else:
             self.proj = nn.Conv2d(vision.channels, cfg.d_model, vision.patch, stride=vision.patch)
 
+        self.fixed_positions: torch.Tensor | None = None  # fix_positions: one static size's
+
     def forward(self, pixel_values):
         grid = self.proj(pixel_values)  # (B, D, *grid)
-        return grid.flatten(2).transpose(1, 2), grid_positions(grid)  # (B, N, D), (*grid, A)
+        positions = grid_positions(grid) if self.fixed_positions is None else self.fixed_positions
+        return grid.flatten(2).transpose(1, 2), positions  # (B, N, D), (*grid, A)
+
+    def fix_positions(self, pixel_values: torch.Tensor) -> None:
+        """Use the positions of `pixel_values`' size as a constant: a program exported at one
+        static size (the Ethos-U path's) then folds every position computation (RoPE's
+        tables, a resized learned table, a relative bias), which, computed from the stem's
+        output, torch's constant folding cannot see are constants."""
+        with torch.no_grad():
+            self.fixed_positions = grid_positions(self.proj(pixel_values))
 
 
 class VisionEncoder(nn.Module):
@@ -112,10 +123,24 @@ class VisionEncoder(nn.Module):
         x, positions = self.stem(pixel_values)  # (B, N, D), (*grid, A)
         x = self.pe.embed(x, positions)
         if self.prefix_tokens is not None:
-            x = torch.cat([self.prefix_tokens.expand(x.shape[0], -1, -1), x], dim=1)  # (B, P + N, D)
+            x = self._with_prefix(x)  # (B, P + N, D)
         for i, block in enumerate(self.blocks):
             x = block(x, positions, self.pe.for_layer(i), prefix=self.vision.prefix)
         return self.norm(x)
+
+
+    def _with_prefix(self, x: torch.Tensor) -> torch.Tensor:
+        if self.stem.fixed_positions is None:
+            return torch.cat([self.prefix_tokens.expand(x.shape[0], -1, -1), x], dim=1)
+        # one static size (fix_positions): the same tokens as padding plus a constant, because
+        # ai-edge-quantizer cannot quantize a Concatenation with a constant operand ("Ranks of
+        # scales (4) and zps (4) must be the same as the tensor rank (3)")
+        tail = torch.zeros(1, x.shape[1], x.shape[2], dtype=x.dtype)
+        return torch.nn.functional.pad(x, (0, 0, self.vision.prefix, 0)) + torch.cat([self.prefix_tokens, tail], dim=1)
+
+    def fix_positions(self, pixel_values: torch.Tensor) -> None:
+        """Built for `pixel_values`' size only (PatchStem.fix_positions)."""
+        self.stem.fix_positions(pixel_values)
 
 
 def _block(cfg: EncoderConfig, encoding: PositionEncoding, index: int) -> Block:
