@@ -26,6 +26,8 @@ from portable_pe.run.parity import TOLERANCES, compare
 
 from conftest import DATA, TINY_SPEC, load_script, needs_cross, require_cross
 
+pytestmark = pytest.mark.integration  # run by scripts/test.sh after the default run (pyproject.toml)
+
 board_server = load_script("board_server")
 
 _board_ready = pytest.mark.skipif(not board_server.board_available(),

@@ -29,6 +29,8 @@ from portable_pe.hf.zoo import ARCHITECTURES, build  # noqa: E402
 from portable_pe.run.kv_cache import KVCacheSession  # noqa: E402
 from portable_pe.run.local import LocalRunner  # noqa: E402
 
+pytestmark = pytest.mark.integration  # run by scripts/test.sh after the default run (pyproject.toml)
+
 TOL = "float32_abs"  # conftest.TEST_TOLERANCES: max abs error 1e-4 against PyTorch, fp32
 UNSEEN = (5, 37, 100)  # the export traces at T=16
 EXPORTS = [("dynamo", 18), ("dynamo", 23), ("torchscript", 17)]

@@ -28,6 +28,8 @@ from portable_pe.run.kv_cache import KVCacheSession, empty_cache  # noqa: E402
 from portable_pe.run.local import InputError, LocalRunner  # noqa: E402
 from portable_pe.spec.dims import DimRelation  # noqa: E402
 
+pytestmark = pytest.mark.integration  # run by scripts/test.sh after the default run (pyproject.toml)
+
 DEFAULT = [("llama", "dynamo", 18), ("gpt_neox", "torchscript", 17)]
 FULL = [("qwen2", "dynamo", 18), ("qwen2", "torchscript", 17), ("gpt_neox", "dynamo", 18),
         ("phi3", "dynamo", 18), ("phi3", "torchscript", 17), ("gemma", "dynamo", 18), ("gemma", "torchscript", 17),

@@ -8,7 +8,8 @@ position table stays at the traced grid), the compile must refuse it with the fi
 test checks with onnxruntime that the file itself is wrong at a second size, so the
 refusal is right and not our failure. Default run: ViT (TorchScript, its table resized in
 the graph), DINOv3 and Pixtral (torch.export, 2D RoPE), BEiT (TorchScript, 2D relative
-bias); the other models of the table with ``-m hf_full``.
+bias), Swin (TorchScript: windows with a cyclic shift and padding computed from H and W,
+images in whole windows of every stage); the other models of the table with ``-m hf_full``.
 """
 
 from __future__ import annotations
@@ -26,9 +27,19 @@ from portable_pe.hf.vision import VISION_ARCHITECTURES, export_vision  # noqa: E
 from portable_pe.run.local import LocalRunner  # noqa: E402
 from portable_pe.spec.io_names import describe_io  # noqa: E402
 
+pytestmark = pytest.mark.integration  # run by scripts/test.sh after the default run (pyproject.toml)
+
 UNSEEN = ((16, 24), (48, 64), (64, 40))  # the export traces at 32 x 32
-DEFAULT = [("vit", "torchscript"), ("dinov3", "dynamo"), ("pixtral", "dynamo"), ("beit", "torchscript")]
-FULL = [("siglip", "torchscript"), ("dinov2", "torchscript"), ("pixtral", "torchscript")]
+# Swin: multiples of 16 pixels, none traced, with more than one window along every side of
+# every stage. Where a stage is one window (16 pixels high), transformers' SwinLayer stops
+# shifting and sets its shift to 0 for good (set_shift_and_window_size mutates the module), so
+# PyTorch's answer there, and at every size after it, is not the traced graph's: onnxruntime
+# differs from it by 0.18 at 16x32 and by 0.22 at 32x48 afterwards.
+WHOLE_WINDOWS = ((32, 48), (48, 64), (64, 32))
+DEFAULT = [("vit", "torchscript"), ("dinov3", "dynamo"), ("pixtral", "dynamo"), ("beit", "torchscript"),
+           ("swin", "torchscript")]
+FULL = [("siglip", "torchscript"), ("dinov2", "torchscript"), ("pixtral", "torchscript"), ("dinov3", "torchscript"),
+        ("swin", "dynamo")]
 
 
 def _pixels(h: int, w: int) -> np.ndarray:
@@ -47,13 +58,22 @@ def test_one_bundle_matches_pytorch_at_unseen_image_sizes(arch, exporter, tmp_pa
     bundle = compile_graph(str(path), target="llvm", out=tmp_path / "bundle", log=lambda m: None)
     dims = {info["role"]: info for info in bundle.manifest["dims"].values()}
     patch = VISION_ARCHITECTURES[arch].patch
-    assert dims["height"]["multiple"] == dims["width"]["multiple"] == patch  # the stem's stride
+    whole = _whole_windows(arch)  # the stem's stride, or Swin's window of its last stage
+    assert dims["height"]["multiple"] == dims["width"]["multiple"] == whole
     runner = LocalRunner(bundle)
-    for h, w in UNSEEN:
+    for h, w in UNSEEN if whole == patch else WHOLE_WINDOWS:
         x = _pixels(h, w)
-        got = next(iter(runner.run({"pixel_values": x}).values()))
-        assert got.shape[1] >= (h // patch) * (w // patch)  # the tokens follow the image
-        assert_parity(_torch(module, x), got, tolerance="float32_abs", name=f"{arch} {h}x{w}")
+        got, want = next(iter(runner.run({"pixel_values": x}).values())), _torch(module, x)
+        # the tokens follow the image: a patch each, or (Swin) a patch of its last stage each
+        assert got.shape == want.shape and want.shape[1] >= (h // whole) * (w // whole)
+        assert_parity(want, got, tolerance="float32_abs", name=f"{arch} {h}x{w}")
+
+
+def _whole_windows(arch: str) -> int:
+    options = VISION_ARCHITECTURES[arch].options
+    if "window_size" not in options:
+        return VISION_ARCHITECTURES[arch].patch
+    return options["patch_size"] * options["window_size"] * 2 ** (len(options["depths"]) - 1)
 
 
 def test_a_specialized_export_is_refused_with_the_fix(tmp_path):
@@ -81,6 +101,4 @@ def test_a_coarser_multiple_the_graph_needs_is_learned(tmp_path):
     io = describe_io(model, None)
     assert {i["multiple"] for i in io["dims"].values() if "multiple" in i} == {4}  # the conv's stride
     probed = probe_pixel_sizes(model, io, log=lambda m: None)
-    options = VISION_ARCHITECTURES["swin"].options
-    need = options["patch_size"] * options["window_size"] * 2 ** (len(options["depths"]) - 1)
-    assert {i["multiple"] for i in probed["dims"].values() if "multiple" in i} == {need}
+    assert {i["multiple"] for i in probed["dims"].values() if "multiple" in i} == {_whole_windows("swin")}

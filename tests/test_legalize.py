@@ -230,6 +230,9 @@ CASES = [
     for e, o in EXPORTS
     if not (m == "gptj_rope" and e == "torchscript")
 ]
+# the second dynamo opset runs after the default run (scripts/test.sh), with the other integration tests
+_EXPORTED = [pytest.param(*c, id="-".join(map(str, c)), marks=pytest.mark.integration if c[2] == 23 else ())
+             for c in CASES]
 
 
 def export(name, exporter, opset, path) -> onnx.ModelProto:
@@ -289,7 +292,7 @@ def _relax_param_dims(mod):
     return [list(p.ty.shape.values) for p in mod["main"].params]
 
 
-@pytest.mark.parametrize("name,exporter,opset", CASES, ids=["-".join(map(str, c)) for c in CASES])
+@pytest.mark.parametrize("name,exporter,opset", _EXPORTED)
 def test_exported_encoder(name, exporter, opset, tmp_path, record_property):
     model = export(name, exporter, opset, tmp_path / "m.onnx")
     ops = collections.Counter(n.op_type for n in model.graph.node)

@@ -30,6 +30,8 @@ from portable_pe.run.parity import TOLERANCES
 
 from conftest import assert_parity
 
+pytestmark = pytest.mark.integration  # run by scripts/test.sh after the default run (pyproject.toml)
+
 DATA = Path(__file__).parent / "data"
 HAVE_RKNN = toolchain_python("rknn") is not None
 needs_rknn = pytest.mark.skipif(not HAVE_RKNN, reason="RKNN-Toolkit2 is not set up: bash scripts/npu_toolchain.sh rknn")

@@ -27,6 +27,8 @@ from portable_pe.hf.vision import export_vision  # noqa: E402
 from portable_pe.npu.rknn_log import placement  # noqa: E402
 from portable_pe.npu.toolchain import toolchain_python  # noqa: E402
 
+pytestmark = pytest.mark.integration  # run by scripts/test.sh after the default run (pyproject.toml)
+
 needs_rknn = pytest.mark.skipif(toolchain_python("rknn") is None,
                                 reason="RKNN-Toolkit2 is not set up: bash scripts/npu_toolchain.sh rknn")
 

@@ -12,6 +12,8 @@ from portable_pe.run.local import entry_for
 from portable_pe.tune.autotune import is_rope_kernel
 from portable_pe.tune.database import database_dir, tuned_points
 
+pytestmark = pytest.mark.integration  # run by scripts/test.sh after the default run (pyproject.toml)
+
 
 def test_rope_kernels_are_found_only_in_rope_graphs():
     from portable_pe.compile.pipeline import prepare

@@ -23,6 +23,8 @@ from portable_pe.tune.database import database_dir
 from conftest import TINY_SPEC
 from test_deploy import free_port, needs_cross, stop, wait_listening
 
+pytestmark = pytest.mark.integration  # run by scripts/test.sh after the default run (pyproject.toml)
+
 
 def start_tvm(module: str, port: int, *extra: str):
     """A TVM tracker or RPC server on loopback (a TVM import: minutes on a busy machine)."""

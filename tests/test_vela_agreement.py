@@ -17,6 +17,8 @@ from portable_pe.npu.profiles import load_profile
 from portable_pe.npu.tflite_check import check_tflite
 from portable_pe.npu.toolchain import missing_message, toolchain_python
 
+pytestmark = pytest.mark.integration  # run by scripts/test.sh after the default run (pyproject.toml)
+
 needs_toolchain = pytest.mark.skipif(toolchain_python("ethos-u") is None, reason=missing_message("ethos-u"))
 PROFILES = ("ethos-u55", "ethos-u85")
 SEQ, WIDTH = 16, 32
