@@ -182,10 +182,12 @@ def refused(n, p: Profile, shapes, consts=None) -> bool:
 
 def rewrite_for_profile(model: onnx.ModelProto, profile: Profile) -> tuple[onnx.ModelProto, dict]:
     """The model with refused ops rewritten; report counts what was rewritten."""
+    from .merged_axes import merge_transposed_axes
     from .rank import drop_unit_batch_axis
     from .profiles import _shapes
     model = onnx.ModelProto.FromString(model.SerializeToString())
     del model.graph.value_info[:]  # onnxsim's inferred shapes go stale once ranks change
+    transposes = merge_transposed_axes(model, max_rank=profile.max_rank)
     dropped = drop_unit_batch_axis(model, max_rank=profile.max_rank)
     del model.graph.value_info[:]
     shapes = _shapes(model)
@@ -207,4 +209,4 @@ def rewrite_for_profile(model: onnx.ModelProto, profile: Profile) -> tuple[onnx.
     del model.graph.node[:]
     model.graph.node.extend(nodes)
     onnx.checker.check_model(model)
-    return model, {"rewritten": dict(done), "rank_reduced_tensors": dropped}
+    return model, {"rewritten": dict(done), "rank_reduced_tensors": dropped, "transposes_on_merged_axes": transposes}
