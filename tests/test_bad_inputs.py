@@ -274,8 +274,6 @@ NPU_VIT = ["compile", TINY_VIT, "--target", "npu", "--vendor-build", "skip", "--
     (["compile", TINY_VIT, "--image-size", "32x32", "--out", "n"], ["takes no option image_size (--image-size)"]),
     (["compile", TINY_SPEC, "--target", "npu", "--image-size", "32x32", "--out", "n"],
      ["--image-size is the static size of portable-pe's own vision graphs", "give --seq-len N"]),
-    (["compile", TINY_VIT, "--target", "npu", "--profile", "ethos-u85", "--out", "n"],
-     ["a vision graph: Vela's path converts sequence encoders (x, positions) only", "/stem/proj/Conv [Conv]"]),
 ])
 def test_a_vision_graphs_npu_image_size_is_whole_patches_within_its_max(ws, capsys, argv, words):
     refused(ws, capsys, argv, words)
