@@ -20,7 +20,8 @@ python -m pytest "$@"
 if [[ $# == 0 ]]; then
     # the tests that drive the vendors' compilers, the board, transformers' models and tuning
     # (pyproject.toml's `integration` marker): after the default run, which stays under 15 minutes
-    python -m pytest -m integration
+    # (-m replaces pyproject's selection: the deselected sets stay deselected by naming them)
+    python -m pytest -m 'integration and not slow and not rknn_full and not hf_full'
     # -s: the tune, compile and deploy logs go to the output. Skips, with its reason, without the board.
     python -m pytest -m tracker -s tests/test_tracker_board.py
 fi
