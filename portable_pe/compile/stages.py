@@ -96,11 +96,11 @@ def stage_simplify(st: CompileState) -> Added:
     from .relation_probe import learn_relations
     from .simplify import simplify_onnx
     from .size_probe import probe_pixel_sizes
-    from .static_if import inline_static_ifs
+    from ..legalize import inline_decided_ifs
     model, _ = widen_bf16_mul(st.model)  # before anything runs it: onnxruntime has no bf16 Mul
-    model, inlined = inline_static_ifs(model)  # before onnxsim, whose folding fails on them
+    model, inlined = inline_decided_ifs(model)  # before onnxsim, whose folding fails on them
     if inlined:
-        st.log(f"  {inlined} If node(s) decided by static ranks: replaced by the branch taken")
+        st.log(f"  {inlined} If node(s) decided by the graph's dims: replaced by the branch taken")
     io = describe_io(model, st.spec)
     if st.spec is None:  # a foreign export's dims, tried before they are trusted: how they are
         io = learn_relations(model, io, stated=st.request.dim_relations, log=st.log)  # tied,

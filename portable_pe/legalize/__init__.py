@@ -57,7 +57,7 @@ from .graph import _dce, _infer, _set_input_shapes
 from .rewrite import _Rewriter
 from .symbolic import _Sym
 
-__all__ = ["legalize", "blocking_nodes", "dim_bounds"]
+__all__ = ["legalize", "blocking_nodes", "dim_bounds", "inline_decided_ifs"]
 
 
 def legalize(
@@ -108,6 +108,26 @@ def legalize(
     if bounds:
         set_dim_bounds(out, [_as_bound(form, top) for form, top in bounds.items()])
     return out
+
+
+def inline_decided_ifs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """(a copy of `model` with each If whose condition the dims decide replaced by the branch
+    taken, how many were): legalize's own If rule (``_Rewriter.inline_if``) alone, for the
+    simplify stage. TorchScript writes DINOv3's RoPE with Ifs on a rank
+    (``Size(Shape(x)) - 2 > 0``); onnxsim folds neither them nor, then, the graph around them,
+    so they must go before onnxsim runs."""
+    if not any(node.op_type == "If" for node in model.graph.node):
+        return model, 0
+    model, inlined = copy.deepcopy(model), 0
+    for _ in range(8):  # a branch may hold the next If
+        sym = _Sym(_infer(model).graph)
+        sym.run()
+        done = _Rewriter(model, sym).run_only("If")
+        if not done:
+            break
+        inlined += done
+        _dce(model.graph)
+    return model, inlined
 
 
 DIM_BOUNDS_KEY = "portable_pe.dim_bounds"

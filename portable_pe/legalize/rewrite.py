@@ -103,19 +103,28 @@ class _Rewriter:
 
     # ------------------------------------------------------------------
     def run(self) -> bool:
-        new_nodes = []
+        return self._apply(self.rewrite) > 0
+
+    def run_only(self, op_type: str) -> int:
+        """Only the rule for `op_type` ("If": inline_if); how many nodes it replaced."""
+        rule = {"If": self.inline_if}[op_type]
+        return self._apply(lambda node: rule(node) if node.op_type == op_type else None)
+
+    def _apply(self, rewrite) -> int:
+        new_nodes, replaced = [], 0
         for node in self.g.node:
-            repl = self.rewrite(node)
+            repl = rewrite(node)
             if repl is None:
                 new_nodes.append(node)
             else:
                 new_nodes.extend(repl)
-                self.changed = True
+                replaced += 1
+        self.changed |= replaced > 0
         if self.changed or self.prefix:
             del self.g.node[:]
             self.g.node.extend(self.prefix + new_nodes)
             self.g.initializer.extend(self.inits)
-        return self.changed
+        return replaced
 
     def pin_multiples(self) -> bool:
         """Each graph input with a dim known to be a multiple m reshaped to m * (dim // m)

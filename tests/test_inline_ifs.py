@@ -1,6 +1,6 @@
-"""compile.static_if: an If whose condition the ranks decide is replaced by its branch, and
-the graph computes what onnxruntime computes on the original; an If that the sizes decide
-is kept."""
+"""legalize.inline_decided_ifs (the simplify stage's, before onnxsim): an If whose condition
+the ranks decide is replaced by its branch, and the graph computes what onnxruntime computes
+on the original; an If that a size decides is kept."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from portable_pe.compile.simplify import ort_session
-from portable_pe.compile.static_if import inline_static_ifs
+from portable_pe.legalize import inline_decided_ifs
 
 
 def _branch(name: str, value: np.ndarray, out: str) -> onnx.GraphProto:
@@ -43,7 +43,7 @@ def _model(condition: str) -> onnx.ModelProto:
 
 def test_an_if_decided_by_the_rank_becomes_its_branch():
     model = _model("rank")
-    inlined, count = inline_static_ifs(model)
+    inlined, count = inline_decided_ifs(model)
     assert count == 1 and not [n for n in inlined.graph.node if n.op_type == "If"]
     assert [n.op_type for n in model.graph.node].count("If") == 1  # the caller's model is untouched
     onnx.checker.check_model(inlined)
@@ -57,5 +57,5 @@ def test_an_if_decided_by_the_rank_becomes_its_branch():
 
 def test_an_if_decided_by_a_size_is_kept():
     model = _model("length")
-    inlined, count = inline_static_ifs(model)
+    inlined, count = inline_decided_ifs(model)
     assert count == 0 and [n.op_type for n in inlined.graph.node].count("If") == 1
