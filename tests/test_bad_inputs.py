@@ -260,11 +260,15 @@ def test_numbers_out_of_range_name_the_option(ws, capsys, argv, words):
 
 TINY_VIT = DATA / "vision" / "tiny_vit_rope_2d.toml"  # 8-pixel patches, max size 256x256
 NPU_VIT = ["compile", TINY_VIT, "--target", "npu", "--vendor-build", "skip", "--out", "n"]
+NPU_SWIN = ["compile", DATA / "vision" / "tiny_swin_rel_bias_2d.toml", "--target", "npu", "--vendor-build", "skip",
+            "--out", "n"]
 
 
 @pytest.mark.parametrize("argv,words", [
-    (NPU_VIT + ["--image-size", "30x32"], ["--image-size 30x32: the height 30 is not a multiple of graph "
-                                           "'tiny_vit_rope_2d''s patch 8; expected HxW in whole patches, e.g. 24"]),
+    (NPU_VIT + ["--image-size", "30x32"], ["--image-size 30x32: the height 30 is not a multiple of the patch size 8, "
+                                           "as graph 'tiny_vit_rope_2d' needs; expected HxW, e.g. 24"]),
+    (NPU_SWIN + ["--image-size", "32x32"], ["--image-size 32x32: the height 32 is not a multiple of 24 (whole windows: "
+                                            "3 patches of 8 pixels), as graph 'tiny_swin_rel_bias_2d' needs"]),
     (NPU_VIT + ["--image-size", "32x512"], ["--image-size 32x512: the width 512 exceeds graph 'tiny_vit_rope_2d''s "
                                             "max size 256x256 (export.max_size); expected at most 256"]),
     (NPU_VIT + ["--image-size", "8x32x32"], ["--image-size 8x32x32: graph 'tiny_vit_rope_2d' takes HxW (height, width); expected 2 sizes"]),
@@ -610,3 +614,12 @@ def test_a_signal_that_lands_inside_an_import_exits_as_the_signal(monkeypatch, c
         raise ImportError("initialization failed")
     assert run_command("parity", importing, None) == 143
     assert "interrupted (SIGTERM)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["guide", "--npu-sizes", "112x112"], ["--npu-sizes is for the vision section: add --vision"]),
+    (["guide", "--vision", "--targets", "npu-rknn", "--out", "g"],
+     ["--targets npu-rknn: expected a comma-separated subset of llvm, npu-ethos-u"]),
+])
+def test_guide_vision_options_name_what_they_need(ws, capsys, argv, words):
+    refused(ws, capsys, argv, words)

@@ -73,3 +73,64 @@ def test_video_and_text_graphs_are_refused_and_the_baseline_is_added():
         resolve([str(DATA / "tiny_rope.toml")])
     sources, baseline = resolve([str(DATA / "vision" / "tiny_vit_rope_2d.toml")])
     assert baseline == "vit_none" and list(sources) == ["vit_none", "tiny_vit_rope_2d"]
+
+
+def _npu_result(rows: dict) -> dict:
+    """A result holding only what vision_npu.verdict() reads: {graph: [(ok, cpu_ops, cosine, ms) per size]}."""
+    from portable_pe.guide.vision_npu import ACCELERATORS
+    sizes = ["112x112", "224x224"]
+    return {"baseline": "vit_none",
+            "graphs": [{"name": g, "encoding": "none" if g == "vit_none" else "rope_2d"} for g in rows],
+            "npu_ethos_u": {"ran": True, "rows": [
+                {"graph": g, "size": s, "accelerator": a, "ok": ok, "cpu_ops": cpu, "cosine": cos, "estimate_ms": ms}
+                for g, cells in rows.items() for s, (ok, cpu, cos, ms) in zip(sizes, cells) for a in ACCELERATORS]}}
+
+
+def test_the_npu_verdict_follows_its_rule():
+    from portable_pe.guide.vision_npu import MIN_COSINE, verdict as npu_verdict
+    none = [(True, 0, 0.999, 10.0), (True, 0, 0.999, 40.0)]
+    cheap, dear = 1 + LITTLE / 2, 1 + 2 * LITTLE
+    rule = dict(little=LITTLE, windowed="window_rel_bias_2d")
+    assert npu_verdict(_npu_result({"vit_none": none, "vit_a": [(True, 0, 0.999, 10 * cheap), (True, 0, 0.999, 40)]}),
+                       **rule)["verdict"] == "holds"
+    assert npu_verdict(_npu_result({"vit_none": none, "vit_a": [(True, 0, 0.999, 10), (True, 0, 0.999, 40 * dear)]}),
+                       **rule)["verdict"] == "partly holds"
+    on_cpu = npu_verdict(_npu_result({"vit_none": none, "vit_a": [(True, 2, 0.999, 10), (True, 0, 0.999, 40)]}), **rule)
+    assert on_cpu["verdict"] == "does not hold" and "2 op(s) on the CPU" in on_cpu["measured"]["missed"]
+    low = npu_verdict(_npu_result({"vit_none": none, "vit_a": [(True, 0, MIN_COSINE / 2, 10), (True, 0, 0.999, 40)]}), **rule)
+    assert low["verdict"] == "does not hold"
+    assert npu_verdict(_npu_result({"vit_none": none, "vit_a": [(False, None, None, None), none[1]]}),
+                       **rule)["verdict"] == "does not hold"
+    assert npu_verdict(_npu_result({"vit_none": none}), **rule)["verdict"] == "not measured"
+
+
+def test_vision_targets_other_than_llvm_and_ethos_u_are_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"--targets npu-rknn: expected a comma-separated subset of llvm, npu-ethos-u"):
+        run_vision_guide(graphs=GRAPHS, targets=("npu-rknn",), out=tmp_path, log=lambda m: None)
+
+
+@pytest.mark.integration
+def test_the_ethos_u_part_is_velas_build_per_size_and_prices_positions_against_no_positions(tmp_path):
+    """Vela's own build of each tiny graph at two NPU sizes (a third not whole patches:
+    refused in compile's words); the report is the JSON's, and the position cost is the
+    difference of Vela's two estimates."""
+    from portable_pe.npu.toolchain import toolchain_python
+    if toolchain_python("ethos-u") is None:
+        pytest.skip("Vela's toolchain is not installed: bash scripts/npu_toolchain.sh ethos-u")
+    sizes = ("24x32", "32x32", "30x32")
+    result = run_vision_guide(graphs=GRAPHS, targets=("npu-ethos-u",), npu_sizes=sizes, out=tmp_path,
+                              log=lambda m: None)
+    assert "llvm" not in result and "claim" not in result
+    md = (tmp_path / "guide_vision.md").read_text()
+    assert md == render(json.loads((tmp_path / "guide_vision.json").read_text()))
+    rows = {(r["graph"], r["size"], r["accelerator"]): r for r in result["npu_ethos_u"]["rows"]}
+    assert {(g, s) for g, s, _ in rows} == {(g, s) for g in ("tiny_vit_none", "tiny_vit_rope_2d") for s in sizes}
+    for accelerator in ("ethos-u85", "ethos-u55"):
+        odd = rows[("tiny_vit_rope_2d", "30x32", accelerator)]
+        assert not odd["ok"] and "not a multiple of the patch size 8" in odd["error"]
+        for size in sizes[:2]:
+            mine, none = rows[("tiny_vit_rope_2d", size, accelerator)], rows[("tiny_vit_none", size, accelerator)]
+            assert mine["ok"] and none["ok"], (mine, none)
+            assert mine["position_ms"] == pytest.approx(mine["estimate_ms"] - none["estimate_ms"])
+            assert f"({mine['position_ms']:+.2f})" in md
+    assert result["npu_claim"]["verdict"] in ("holds", "partly holds", "does not hold")

@@ -263,7 +263,9 @@ def test_compile_tiny_graph_for_npu(bundle_factory):
     _check_npu_bundle(bundle, load_graph(TINY_SPEC), 32)
 
 
-SHIPPED = [pytest.param(g, p, marks=[] if (g, p) == ("rope", "generic_int8") else [pytest.mark.slow])
+#: one shipped graph (51 s) runs with the integration tests (scripts/test.sh), the tiny graph's
+#: compile above in the default run; the rest are slow
+SHIPPED = [pytest.param(g, p, marks=[pytest.mark.integration] if (g, p) == ("rope", "generic_int8") else [pytest.mark.slow])
            for g in GRAPHS for p in PROFILES]
 
 

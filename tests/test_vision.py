@@ -162,6 +162,25 @@ def test_rel_bias_2d_indexes_its_table_by_the_clamped_offset():
 
 
 # ------------------------------------------------------------------- specs and their errors
+@pytest.mark.parametrize("frames", [2, 6], ids=["one_frame_group", "three_frame_groups"])
+def test_a_video_stem_built_for_one_size_is_its_conv3d_as_a_conv2d(frames):
+    """Vela has no CONV_3D: a video stem fixed to one size (the Ethos-U path) runs its
+    Conv3d as a Conv2d over stacked frames; the tokens and positions are the Conv3d's."""
+    from portable_pe.spec.model import EncoderConfig
+    from portable_pe.spec.vision import PatchStem, VisionConfig
+    torch.manual_seed(0)
+    stem = PatchStem(EncoderConfig(d_model=8, n_heads=2, n_layers=1, d_ff=16), VisionConfig(patch=4, temporal_patch=2))
+    pixels = torch.randn(2, 3, frames, 8, 12)
+    with torch.no_grad():
+        want_tokens, want_positions = stem(pixels)
+        stem.fix_positions(pixels[:1])
+        got_tokens, got_positions = stem(pixels)
+        traced = torch.export.export(stem, (pixels,)).graph_module.code
+    assert "conv3d" not in traced and "conv2d" in traced, traced
+    assert torch.equal(got_positions, want_positions)
+    torch.testing.assert_close(got_tokens, want_tokens, rtol=1e-5, atol=1e-5)
+
+
 def test_a_grid_encoding_on_a_sequence_graph_is_refused_naming_the_axes(tmp_path):
     from portable_pe.spec.graphs import load_graph
     spec = tmp_path / "bad.toml"
@@ -231,6 +250,16 @@ def test_the_npu_target_pins_a_vision_graph_to_its_image_size_with_positions_fol
     ops = {n.op_type for n in st.model.graph.node}
     assert not ops & {"Sin", "Cos", "CumSum", "Range", "Shape"}, ops
     assert st.report["npu"]["fold"]["runtime_position_ops_left"] == {}
+
+
+def test_an_npu_vision_bundles_parity_is_at_its_image_size(bundle_factory):
+    """Its one case is the pinned image (the spec's example size, 24x32), not a "length" read
+    off its first pixel dim (the 3 channels, as the parity table once said)."""
+    from portable_pe.run.parity import check_bundle
+    bundle = bundle_factory(str(DATA / "tiny_vit_rope_2d.toml"), "npu", profile="rknpu2", vendor_build="skip")
+    report = check_bundle(bundle)
+    assert report.ok and {r.length for r in report.rows} == {"24x32"}, report.to_markdown()
+    assert "| candidate | size |" in report.to_markdown()
 
 
 def test_a_vision_bundle_refuses_an_image_that_is_not_whole_patches(bundle_factory):

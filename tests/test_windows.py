@@ -68,12 +68,15 @@ def _layer_norm(x: np.ndarray, norm) -> np.ndarray:
     return (x - mean) / np.sqrt(var + norm.eps) * norm.weight.detach().double().numpy() + norm.bias.detach().double().numpy()
 
 
+@pytest.mark.parametrize("static", [False, True], ids=["gathers", "static_reshapes"])
 @pytest.mark.parametrize("window,grid", [(3, (6, 9)), (3, (3, 6)), (4, (8, 8)), (4, (12, 4))],
                          ids=[f"window_rel_bias_2d-{w}" for w in ("3x3-grid_2x3", "3x3-grid_1x2", "4x4-grid_2x2", "4x4-grid_3x1")])
-def test_window_blocks_match_swins_recipe(window, grid):
+def test_window_blocks_match_swins_recipe(window, grid, static):
     """A 2-block encoder (the second shifted by W // 2), MLPs zeroed so a block is
     x + attention(norm(x)): each block's output against the oracle, at grids with one
-    window along an axis (Swin shifts nothing there) and several."""
+    window along an axis (Swin shifts nothing there) and several; with the windows cut by
+    index gathers (any size) and by the static reshapes and slices of a build for one size
+    (the Ethos-U path, which has no GATHER_ND)."""
     from portable_pe.spec.vision import VisionConfig, VisionEncoder
     torch.manual_seed(0)
     cfg = EncoderConfig(d_model=16, n_heads=2, n_layers=2, d_ff=32)
@@ -86,6 +89,7 @@ def test_window_blocks_match_swins_recipe(window, grid):
     x = torch.randn(1, gh * gw, 16)
     table = pe.table.detach().double().numpy()
     for block, shift in zip(model.blocks, (0, window // 2)):
+        block.static_sides = grid if static else None
         with torch.no_grad():
             block.mlp.down.weight.zero_()
             block.mlp.down.bias.zero_()

@@ -348,16 +348,20 @@ def cmd_guide(args) -> int:
     if args.from_json:
         print(f"wrote {render_from(Path(args.from_json), args.out)}")
         return 0
-    if args.sizes and not args.vision:
-        raise ValueError("--sizes is for the vision section: add --vision (the text guide takes --lengths)")
+    for option, given in (("--sizes", args.sizes), ("--npu-sizes", args.npu_sizes)):
+        if given and not args.vision:
+            raise ValueError(f"{option} is for the vision section: add --vision (the text guide takes --lengths)")
     if args.vision:
         from ..guide.vision import DEFAULT_SIZES, run_vision_guide
         run_vision_guide(graphs=args.graphs, sizes=tuple(args.sizes.split(",")) if args.sizes else DEFAULT_SIZES,
                          batches=tuple(args.batch), out=args.out or Path("dist/guide"), threads=args.threads,
-                         repeat=args.repeat, command="portable-pe " + " ".join(sys.argv[1:]),
-                         log=lambda m: print(m, flush=True))
+                         repeat=args.repeat, targets=tuple((args.targets or "llvm").split(",")),
+                         npu_sizes=tuple(args.npu_sizes.split(",")) if args.npu_sizes else None,
+                         command="portable-pe " + " ".join(sys.argv[1:]), log=lambda m: print(m, flush=True))
         return 0
-    run_guide(graphs=args.graphs, targets=tuple(args.targets.split(",")), lengths=tuple(args.lengths),
+    from ..guide import GUIDE_TARGETS
+    run_guide(graphs=args.graphs, targets=tuple((args.targets or ",".join(GUIDE_TARGETS)).split(",")),
+              lengths=tuple(args.lengths),
               batches=tuple(args.batch), out=args.out or Path("dist/guide"), threads=args.threads,
               repeat=args.repeat, keep_work=args.keep_work, command="portable-pe " + " ".join(sys.argv[1:]),
               log=lambda m: print(m, flush=True))

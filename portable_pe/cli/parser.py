@@ -227,8 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("guide", help="measure what each position encoding costs on each target and length; "
                                      "write a Markdown report, PNG plots and guide.json")
-    p.add_argument("--targets", default=",".join(GUIDE_TARGETS), type=_guide_targets,
-                   help=f"comma-separated, from {', '.join(GUIDE_TARGETS)} (default: all)")
+    p.add_argument("--targets", type=_guide_targets,
+                   help=f"comma-separated, from {', '.join(GUIDE_TARGETS)} (default: all; with --vision: llvm, "
+                        "and npu-ethos-u may be added)")
     p.add_argument("--lengths", type=_lengths, default=[128, 512, 2048, 4096], help="default 128,512,2048,4096")
     p.add_argument("--batch", type=_lengths, default=[1, 8], help="llvm batch sizes (default 1,8)")
     p.add_argument("--graphs", type=lambda t: [g for g in t.split(",") if g],
@@ -243,6 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the vision section instead: each shipped 2D image encoding against a no-position ViT on "
                         "llvm, at --sizes (writes guide_vision.md and guide_vision.json)")
     p.add_argument("--sizes", help="with --vision: image sizes HxW, comma-separated (default 224x224,448x448,672x672)")
+    p.add_argument("--npu-sizes", help="with --vision --targets ...,npu-ethos-u: the Vela builds' image sizes HxW "
+                                       "(default 112x112,224x224,336x336)")
 
     p = sub.add_parser("bench", help="time PyTorch, torch.compile, onnxruntime, OpenVINO and TVM (float32 and "
                                      "int8) on a graph, side by side")

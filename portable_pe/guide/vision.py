@@ -10,8 +10,11 @@
       -> the article's future direction (CLAIM) given a verdict by RULE from these numbers
       -> guide_vision.json, guide_vision.md (rendered from the JSON only)
 
+With `npu-ethos-u` among the targets, the same graphs also go through Vela at the NPU sizes
+(vision_npu.py): placement, Vela's estimate and the position cost on Ethos-U85 and U55.
+
 Not in this section: the video graph (its input has frames, and it has no no-position twin
-here) and the NPUs (their vision builds are `compile --target npu --image-size`, README).
+here), and RKNN (no time estimate; `scripts/npu_rknn_table.py --vision` is its table).
 The Swin graph's attention is windowed, not only its encoding: its latency is shown, but no
 position work (a profile against the global-attention baseline would charge the windows to
 the encoding).
@@ -142,16 +145,28 @@ def verdict(result: dict) -> dict:
     return {"claim": CLAIM, "measured": measured, "verdict": outcome, "rule": RULE}
 
 
+#: what --targets may name with --vision
+VISION_TARGETS = ("llvm", "npu-ethos-u")
+
+
 def run_vision_guide(*, graphs: list[str] | None = None, sizes: tuple[str, ...] = DEFAULT_SIZES,
                      batches: tuple[int, ...] = (1,), out: Path = Path("dist/guide"), threads: int = 2,
-                     repeat: int = 5, command: str = "portable-pe guide --vision",
-                     log: Callable[[str], None] = print) -> dict:
-    """Measure; write out/guide_vision.json and out/guide_vision.md; return the result."""
+                     repeat: int = 5, targets: tuple[str, ...] = ("llvm",), npu_sizes: tuple[str, ...] | None = None,
+                     command: str = "portable-pe guide --vision", log: Callable[[str], None] = print) -> dict:
+    """Measure on `targets` (VISION_TARGETS); write out/guide_vision.json and
+    out/guide_vision.md; return the result."""
     import shutil
     import tvm
     from .. import __version__
     from . import _atomic, _machine
     from ..spec.graphs import load_graph
+    from . import vision_npu
+    unknown = [t for t in targets if t not in VISION_TARGETS]
+    if unknown or not targets:
+        raise ValueError(f"guide --vision --targets {','.join(targets)}: expected a comma-separated subset of "
+                         f"{', '.join(VISION_TARGETS)} (RKNN's simulator gives no time: its vision table is "
+                         f"scripts/npu_rknn_table.py --vision)")
+    npu_sizes = tuple(npu_sizes or vision_npu.NPU_SIZES)
     sources, baseline = resolve(graphs)
     specs = {n: load_graph(s) for n, s in sources.items()}
     start = time.perf_counter()
@@ -164,16 +179,23 @@ def run_vision_guide(*, graphs: list[str] | None = None, sizes: tuple[str, ...] 
               "graphs": [{"name": n, "encoding": s.encoding, "tokens_before_patches": s.vision.prefix,
                           "description": s.description} for n, s in specs.items()],
               "settings": {"sizes": list(sizes), "batches": list(batches), "threads": threads, "repeat": repeat,
-                           "machine": _machine()},
+                           "targets": list(targets), "npu_sizes": list(npu_sizes), "machine": _machine()},
               "versions": {"portable_pe": __version__, "tvm": tvm.__version__}}
+    windowed = {n for n, s in specs.items() if s.encoding == WINDOWED}
     try:
-        result["llvm"] = measure(sources, baseline=baseline, sizes=sizes, batches=batches, threads=threads,
-                                 unprofiled={n for n, s in specs.items() if s.encoding == WINDOWED},
-                                 repeat=repeat, work_dir=work, log=log)
+        if "llvm" in targets:
+            result["llvm"] = measure(sources, baseline=baseline, sizes=sizes, batches=batches, threads=threads,
+                                     unprofiled=windowed, repeat=repeat, work_dir=work, log=log)
+        if "npu-ethos-u" in targets:
+            result["npu_ethos_u"] = vision_npu.measure(specs, baseline=baseline, unpriced=windowed, sizes=npu_sizes,
+                                                       work_dir=work / "ethos-u", log=log)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result["seconds"] = time.perf_counter() - start
-    result["claim"] = verdict(result)
+    if "llvm" in result:
+        result["claim"] = verdict(result)
+    if "npu_ethos_u" in result:
+        result["npu_claim"] = vision_npu.verdict(result, little=LITTLE, windowed=WINDOWED)
     result = json.loads(json.dumps(result))  # what guide_vision.json holds (lists, not tuples)
     out.mkdir(parents=True, exist_ok=True)
     _atomic(out / "guide_vision.json", json.dumps(result, indent=1))
@@ -184,14 +206,24 @@ def run_vision_guide(*, graphs: list[str] | None = None, sizes: tuple[str, ...] 
 
 def render(result: dict) -> str:
     """guide_vision.md from the result alone."""
-    from .report import _table, fmt_ms, fmt_pct
-    s, base = result["settings"], result["baseline"]
-    rows = {(r["graph"], r["batch"], r["size"]): r for r in result["llvm"]["latency"]}
+    from . import vision_npu
+    s = result["settings"]
     lines = ["# portable-pe guide --vision", "",
              f"`{result['command']}` on {s['machine']}, {s['threads']} threads; portable-pe "
              f"{result['versions']['portable_pe']}, TVM {result['versions']['tvm']}. Every graph: d=256, 4 heads, "
-             "4 layers, 16-pixel patches; one llvm build each, run at every size.", "",
-             "## The claim", ""]
+             "4 layers, 16-pixel patches.", ""]
+    if "llvm" in result:
+        lines += _render_llvm(result)
+    if "npu_ethos_u" in result:
+        lines += vision_npu.render(result, result["graphs"])
+    return "\n".join(lines)
+
+
+def _render_llvm(result: dict) -> list[str]:
+    from .report import _table, fmt_ms, fmt_pct
+    s, base = result["settings"], result["baseline"]
+    rows = {(r["graph"], r["batch"], r["size"]): r for r in result["llvm"]["latency"]}
+    lines = ["One llvm build per graph, run at every size.", "", "## The claim", ""]
     c = result["claim"]
     lines += _table(["claim", "measured in this run", "verdict"],
                     [[c["claim"], "<br>".join(f"{k}: {v}" for k, v in c["measured"].items()) or "n/a",
@@ -233,4 +265,4 @@ def render(result: dict) -> str:
               ", ".join(f"{k}: {v['max_abs']:.1e}" for k, v in p["sizes"].items()) or "no size"]
              for p in result["llvm"]["parity"]]
     lines += _table(["graph", "verdict", "max abs per size"], table, "|---|---|---|")
-    return "\n".join(lines)
+    return lines

@@ -13,9 +13,12 @@ from ..spec.io_names import PIXELS
 def image_size(spec, given: list[int] | None) -> list[int]:
     """The size to build: `given` ([H, W], video [F, H, W]) or the spec's export.example_size,
     refused unless each is a multiple of its patch and within export.max_size."""
+    from ..spec.io_names import pixel_bounds
+    from ..spec.schema import multiple_text
     vision = spec.vision
     axes = ["frames", "height", "width"] if vision.video else ["height", "width"]
-    patches = ([vision.temporal_patch] if vision.video else []) + [vision.patch] * 2
+    bounds = list(pixel_bounds(spec).values())  # per axis: its patch, or whole windows (window attention)
+    patches = [b["multiple"] for b in bounds]
     size = list(given) if given is not None else list(spec.example_size)
     form = "x".join("FHW"[3 - len(axes) + i] for i in range(len(axes)))
     label = "x".join(map(str, size))
@@ -24,9 +27,9 @@ def image_size(spec, given: list[int] | None) -> list[int]:
                          f"{len(axes)} sizes, e.g. --image-size {'x'.join(map(str, spec.example_size))}")
     for axis, n, patch, top in zip(axes, size, patches, spec.max_size):
         if n % patch:
-            raise ValueError(f"--image-size {label}: the {axis} {n} is not a multiple of graph {spec.name!r}'s "
-                             f"{'temporal ' if axis == 'frames' else ''}patch {patch}; expected {form} in whole "
-                             f"patches, e.g. {max(patch, n // patch * patch)}")
+            what = f"the temporal patch {patch}" if axis == "frames" else multiple_text(patch, vision.patch)
+            raise ValueError(f"--image-size {label}: the {axis} {n} is not a multiple of {what}, as graph "
+                             f"{spec.name!r} needs; expected {form}, e.g. {max(patch, n // patch * patch)}")
         if n > top:
             raise ValueError(f"--image-size {label}: the {axis} {n} exceeds graph {spec.name!r}'s max size "
                              f"{'x'.join(map(str, spec.max_size))} (export.max_size); expected at most {top}")

@@ -329,7 +329,11 @@ def check_bundle(bundle, *, lengths=DEFAULT_LENGTHS, batch: int = 1, seed: int =
         cases = [(size_label(s), {"sizes": s}) for s in (sizes if sizes is not None else default_sizes(manifest))
                  if size_error(manifest, s) is None]
     else:
-        cases = [(n, {"length": n}) for n in usable_lengths(manifest, lengths)]
+        # an NPU bundle of a vision graph is pinned to one image: its case is that size, not
+        # the static "length" its first pixel dim (the channels) would read as
+        image = (manifest.get("npu") or {}).get("image")
+        cases = [("x".join(map(str, image["shape"][2:])) if image else n, {"length": n})
+                 for n in usable_lengths(manifest, lengths)]
     for label, at in cases:
         inputs = make_inputs(manifest["inputs"], batch=batch, seed=seed, dim_roles=roles,
                              relations=manifest.get("dim_relations"), **at)

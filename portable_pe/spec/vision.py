@@ -90,9 +90,29 @@ class PatchStem(nn.Module):
         self.fixed_positions: torch.Tensor | None = None  # fix_positions: one static size's
 
     def forward(self, pixel_values):
-        grid = self.proj(pixel_values)  # (B, D, *grid)
+        static_video = self.fixed_positions is not None and isinstance(self.proj, nn.Conv3d)
+        grid = self._conv3d_as_conv2d(pixel_values) if static_video else self.proj(pixel_values)  # (B, D, *grid)
         positions = grid_positions(grid) if self.fixed_positions is None else self.fixed_positions
         return grid.flatten(2).transpose(1, 2), positions  # (B, N, D), (*grid, A)
+
+    def _conv3d_as_conv2d(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """self.proj (Conv3d, kernel = stride) as a Conv2d over each frame group's frames
+        stacked as channels, for one static size: Vela has no CONV_3D (LiteRT keeps it float
+        on the CPU, behind a rank-5 transpose Vela refuses). A group's channels are
+        (channel, frame) in the kernel's order, so the weight reshapes to (D, C * kt, p, p)."""
+        b, c, frames, h, w = pixel_values.shape
+        kt, d = self.proj.kernel_size[0], self.proj.out_channels
+        groups = frames // kt
+        stacked = pixel_values.reshape(b, c, groups, kt * h * w)
+        if groups > 1:  # one group (a short clip) needs no transpose at all
+            stacked = stacked.transpose(1, 2)
+        weight = self.proj.weight.reshape(d, c * kt, *self.proj.kernel_size[1:])
+        out = nn.functional.conv2d(stacked.reshape(b * groups, c * kt, h, w), weight, self.proj.bias,
+                                   stride=self.proj.stride[1:])  # (B * groups, D, gh, gw)
+        gh, gw = out.shape[-2:]
+        if groups > 1:
+            out = out.reshape(b, groups, d, gh * gw).transpose(1, 2)
+        return out.reshape(b, d, groups, gh, gw)
 
     def fix_positions(self, pixel_values: torch.Tensor) -> None:
         """Use the positions of `pixel_values`' size as a constant: a program exported at one
@@ -139,8 +159,13 @@ class VisionEncoder(nn.Module):
         return torch.nn.functional.pad(x, (0, 0, self.vision.prefix, 0)) + torch.cat([self.prefix_tokens, tail], dim=1)
 
     def fix_positions(self, pixel_values: torch.Tensor) -> None:
-        """Built for `pixel_values`' size only (PatchStem.fix_positions)."""
+        """Built for `pixel_values`' size only (PatchStem.fix_positions); window blocks cut
+        their grid with static reshapes (windows.static_windows)."""
         self.stem.fix_positions(pixel_values)
+        sides = tuple(self.stem.fixed_positions.shape[-3:-1])  # (gh, gw)
+        for block in self.blocks:
+            if isinstance(block, WindowBlock):
+                block.static_sides = sides
 
 
 def _block(cfg: EncoderConfig, encoding: PositionEncoding, index: int) -> Block:

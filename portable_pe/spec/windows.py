@@ -21,6 +21,12 @@ The window counts are read off a tensor of that shape (a strided slice of the po
 not gh // W, which tracing would fix to the example's), so they stay expressions of the
 image's height and width through ONNX and TVM's importer; the grid's sides used in index
 arithmetic are values (the positions' maxima + 1), for the same reason.
+
+Built for one static size (VisionEncoder.fix_positions, the Ethos-U path), the gathers'
+indices are constants, but Vela has no GATHER_ND ("Unsupported opType": 8 ops of a 4-block
+Swin on the CPU). There the sides are known numbers, so the moves are written as the NPU
+wants them: the roll as two slices concatenated, the partition as reshapes around one
+rank-4 transpose (static_windows, static_tokens), the same permutation of the tokens.
 """
 
 from __future__ import annotations
@@ -59,6 +65,33 @@ def window_destinations(positions: torch.Tensor, window: int, shift: int) -> tor
     return (window_index * (window * window) + (rows % window) * window + cols % window).flatten()
 
 
+def _roll(grid: torch.Tensor, shift: int) -> torch.Tensor:
+    """torch.roll(grid, (-shift, -shift), dims=(1, 2)) as slices and concatenations
+    (torch.export writes roll as an index gather)."""
+    for axis in (1, 2):
+        cut = shift % grid.shape[axis]
+        if cut:
+            grid = torch.cat([grid.narrow(axis, cut, grid.shape[axis] - cut), grid.narrow(axis, 0, cut)], dim=axis)
+    return grid
+
+
+def static_windows(x: torch.Tensor, sides: tuple[int, int], window: int, shift: int) -> torch.Tensor:
+    """x (B, gh * gw, D) -> (B, windows, W * W, D), the tokens x[:, window_sources(...)]
+    picks, for a grid of known sides. The partition's transpose is rank 4: the batch and
+    the window row merge, as do a window's columns and the channels."""
+    (gh, gw), (b, _, d) = sides, x.shape
+    rolled = _roll(x.reshape(b, gh, gw, d), shift)
+    cut = rolled.reshape(b * (gh // window), window, gw // window, window * d).transpose(1, 2)
+    return cut.reshape(b, (gh // window) * (gw // window), window * window, d)
+
+
+def static_tokens(y: torch.Tensor, sides: tuple[int, int], window: int, shift: int) -> torch.Tensor:
+    """static_windows' inverse: (B, windows, W * W, D) -> (B, gh * gw, D)."""
+    (gh, gw), (b, _, _, d) = sides, y.shape
+    grid = y.reshape(b * (gh // window), gw // window, window, window * d).transpose(1, 2).reshape(b, gh, gw, d)
+    return _roll(grid, -shift).reshape(b, gh * gw, d)
+
+
 class WindowBlock(Block):
     """A Block run on each (shifted) window: Swin's block. Its norms, MLP and residuals act
     per token, so they commute with cutting the tokens into windows; only the attention
@@ -67,12 +100,15 @@ class WindowBlock(Block):
     def __init__(self, cfg: EncoderConfig, *, window: int, shift: int):
         super().__init__(cfg)
         self.window, self.shift = window, shift
+        self.static_sides: tuple[int, int] | None = None  # (gh, gw) once built for one size (fix_positions)
 
     def forward(self, x, positions, pe: PositionEncoding, prefix: int = 0):
         if prefix:
             raise ValueError("window attention has no prefix (CLS, register) tokens")
         sources = window_sources(positions, self.window, self.shift)  # (windows, W * W)
-        windows = x[:, sources]  # (B, windows, W * W, D)
         spots = positions.flatten(0, 1)[sources]  # (windows, W * W, 2): each patch's place in the image
-        y = super().forward(windows, spots, pe)
+        if self.static_sides is not None:
+            y = super().forward(static_windows(x, self.static_sides, self.window, self.shift), spots, pe)
+            return static_tokens(y, self.static_sides, self.window, self.shift)
+        y = super().forward(x[:, sources], spots, pe)  # windows (B, windows, W * W, D)
         return y.flatten(1, 2)[:, window_destinations(positions, self.window, self.shift)]  # (B, N, D)
