@@ -126,6 +126,9 @@ def raw_tvm(path, feeds: dict, want: np.ndarray, label: str) -> str:
 
 
 def _last_words(err: BaseException) -> str:
+    if err.__cause__ is not None:  # torch.onnx's TorchExportError: torch.export's own error, first line
+        lines = [f"{type(err.__cause__).__name__}: {str(err.__cause__).strip().splitlines()[0]}"]
+        return _words(Exception(lines[0]))[:160]
     lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
     return _words(Exception(lines[-1] if lines else type(err).__name__))[:160]
 
