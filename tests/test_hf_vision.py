@@ -10,6 +10,8 @@ refusal is right and not our failure. Default run: ViT (TorchScript, its table r
 the graph), DINOv3 and Pixtral (torch.export, 2D RoPE), BEiT (TorchScript, 2D relative
 bias), Swin (TorchScript: windows with a cyclic shift and padding computed from H and W,
 images in whole windows of every stage); the other models of the table with ``-m hf_full``.
+Encoders whose export holds one size (Qwen2.5-VL vision, Llama-4 vision, Whisper's encoder)
+are refused when exported dynamic, and compiled once per size.
 """
 
 from __future__ import annotations
@@ -102,3 +104,47 @@ def test_a_coarser_multiple_the_graph_needs_is_learned(tmp_path):
     assert {i["multiple"] for i in io["dims"].values() if "multiple" in i} == {4}  # the conv's stride
     probed = probe_pixel_sizes(model, io, log=lambda m: None)
     assert {i["multiple"] for i in probed["dims"].values() if "multiple" in i} == {_whole_windows("swin")}
+
+
+# Encoders whose export holds one size (portable_pe.hf.per_size): Qwen2.5-VL's vision tower
+# (a grid: windows and rotary positions computed from grid_thw's values), Llama-4's vision
+# model (an image side: its position tables), Whisper's encoder (a frame count: its table).
+DYNAMIC_REFUSED = [("whisper", "torchscript"), ("qwen2_5_vl", "torchscript"), ("llama4", "dynamo")]
+PER_SIZE = [("whisper", "torchscript"), pytest.param("qwen2_5_vl", "torchscript", marks=pytest.mark.hf_full),
+            pytest.param("llama4", "dynamo", marks=pytest.mark.hf_full),
+            pytest.param("whisper", "dynamo", marks=pytest.mark.hf_full)]
+
+
+@pytest.mark.parametrize("arch,exporter", DYNAMIC_REFUSED)
+def test_an_export_of_one_size_is_refused_with_the_fix(arch, exporter, tmp_path):
+    """The size axes exported symbolic: onnxruntime runs the traced size only, and the
+    compile says so with --shape pins instead of writing a bundle."""
+    from portable_pe.hf.per_size import PER_SIZE_ARCHITECTURES, export_per_size, torch_output
+    spec = PER_SIZE_ARCHITECTURES[arch]
+    module, path = export_per_size(arch, spec.sizes[0], tmp_path / "model.onnx", exporter=exporter, dynamic=True)
+    session = ort_session(str(path), quiet=True)
+    names = [i.name for i in session.get_inputs()]
+    feeds = spec.inputs(spec.sizes[0], 1)
+    assert np.abs(session.run(None, {n: feeds[n] for n in names})[0] - torch_output(module, feeds)).max() < 1e-4
+    other = spec.inputs(spec.sizes[1], 1)
+    with pytest.raises(Exception):  # the file itself is wrong at another size
+        session.run(None, {n: other[n] for n in names})
+    with pytest.raises(SpecializedExportError, match="--shape"):
+        compile_graph(str(path), target="llvm", out=tmp_path / "bundle", log=lambda m: None)
+    assert not (tmp_path / "bundle").exists()
+
+
+@pytest.mark.parametrize("arch,exporter", PER_SIZE)
+def test_one_export_per_size_matches_pytorch(arch, exporter, tmp_path):
+    from portable_pe.hf.per_size import PER_SIZE_ARCHITECTURES, export_per_size, torch_output
+    spec = PER_SIZE_ARCHITECTURES[arch]
+    for i, size in enumerate(spec.sizes):
+        module, path = export_per_size(arch, size, tmp_path / f"{i}.onnx", exporter=exporter)
+        bundle = compile_graph(str(path), target="llvm", out=tmp_path / f"bundle{i}", log=lambda m: None)
+        assert not bundle.manifest["dims"]  # static: this size only
+        feeds = spec.inputs(size, 3)
+        got = next(iter(LocalRunner(bundle).run({d["name"]: feeds[d["name"]]
+                                                 for d in bundle.manifest["inputs"]}).values()))
+        want = torch_output(module, feeds)
+        assert got.shape == want.shape
+        assert_parity(want, got, tolerance="float32_abs", name=f"{arch} {spec.label(size)}")

@@ -9,6 +9,13 @@ the file says so; the graph has to be run. The original graph runs here at two s
 whole patches, then at coarser multiples (2, 4, ... times the patch): the first multiple at
 which both sizes run is what the bundle declares, and a graph that runs at none of them is
 refused with the fix, instead of a bundle that is wrong at every size but one.
+
+A graph without an image input gets the same question at the sizes the simplify check
+feeds it (`refuse_if_unrunnable`): Whisper's encoder adds its whole max_source_positions
+table to the frames, so its export runs at the traced frame count only ("Attempting to
+broadcast an axis by a dimension other than 1. 4 by 16"), and TorchScript's Qwen2.5-VL
+vision tower indexes its traced grid. Where the original graph runs at none of them, the
+compile refuses with the fix, not with onnxruntime's words from inside the simplify stage.
 """
 
 from __future__ import annotations
@@ -88,3 +95,31 @@ def _refusal(io: dict, failure: str | None) -> str:
             "grid); a bundle from it would be wrong at every other size. Export once per image size, keep the "
             "size dynamic in the model (transformers' interpolate_pos_encoding=True for ViT, DINOv2 and SigLIP), "
             f"or pin the traced size: --shape {pixels['name']}={pinned}")
+
+
+def refuse_if_unrunnable(model, io: dict, checks: list[dict]) -> None:
+    """Raise SpecializedExportError when the graph has symbolic dims but onnxruntime runs
+    the original at none of `checks` (the simplify check's inputs, {name: array})."""
+    if not io["dims"] or not checks:
+        return
+    from .simplify import ort_session, run_failure
+    session = ort_session(model, spin=False, quiet=True)
+    failures = []
+    for feeds in checks:
+        words = run_failure(session, feeds)
+        if words is None:
+            return
+        failures.append(f"{_shapes(feeds)}: {words}")
+    dynamic = [i for i in io["inputs"] if any(isinstance(d, str) for d in i["dims"])]
+    pins = " ".join(f"--shape {i['name']}=" + "x".join(str(d) if isinstance(d, int) else f"<{d}>" for d in i["dims"])
+                    for i in dynamic)
+    raise SpecializedExportError(
+        f"the graph's inputs have symbolic dims ({', '.join(io['dims'])}), but onnxruntime cannot run it at any size "
+        f"tried (first failure at {failures[0]}). PyTorch's export specialized it to the size it traced (a position "
+        "table, a reshape or an index fixed to one size, as Whisper's encoder adds its whole max_source_positions "
+        "table); a bundle from it would be wrong at every other size. Export once per size, or pin the traced "
+        f"size, each <dim> at its traced value: {pins}")
+
+
+def _shapes(feeds: dict) -> str:
+    return ", ".join(f"{name} {'x'.join(map(str, a.shape))}" for name, a in feeds.items())

@@ -95,7 +95,7 @@ def stage_simplify(st: CompileState) -> Added:
     from .bf16_mul import widen_bf16_mul
     from .relation_probe import learn_relations
     from .simplify import simplify_onnx
-    from .size_probe import probe_pixel_sizes
+    from .size_probe import probe_pixel_sizes, refuse_if_unrunnable
     from ..legalize import inline_decided_ifs
     model, _ = widen_bf16_mul(st.model)  # before anything runs it: onnxruntime has no bf16 Mul
     model, inlined = inline_decided_ifs(model)  # before onnxsim, whose folding fails on them
@@ -112,6 +112,8 @@ def stage_simplify(st: CompileState) -> Added:
         lengths = usable_lengths(io, (7, 33)) or usable_lengths(io, (1,))
         checks = [make_inputs(io["inputs"], length=n, batch=batch, dim_roles=dim_roles(io),
                               relations=io.get("dim_relations")) for n in lengths]
+        if st.spec is None:  # a foreign export whose dims are symbolic but fixed (Whisper's encoder)
+            refuse_if_unrunnable(model, io, checks)
     model, report = simplify_onnx(model, check_inputs=checks)
     st.log(f"  simplify: {report.summary()}")
     st.dump("02-simplified.onnx", model.SerializeToString())

@@ -6,10 +6,16 @@ that says they are image sizes is the graph: the input, after at most a few elem
 steps (a normalization, a cast), is the data operand of a Conv, and the Conv's stride is
 the patch every size must be a whole number of. Without this, every symbolic dim is a
 sequence length, and a 7-pixel "length" is what the simplify check fed a ViT.
+
+A stem that is no Conv (Llama-4's vision model unfolds its patches: torch.export writes
+Pad, Gather, Gather, Reshape) still takes an image: a float (N, C, H, W) input with a few
+static channels and symbolic sides. Its step is then what torch.export named the side
+("8*h", renamed "h_x8" at load: a multiple of 8), else one pixel.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import onnx
@@ -62,7 +68,36 @@ def pixel_axes(model: onnx.ModelProto) -> dict[str, dict[int, PixelAxis]]:
         strides, kernel = _conv_geometry(conv, weights, len(dims) - 2)
         found[name] = {2 + i: PixelAxis(stride, k) for i, (stride, k) in enumerate(zip(strides, kernel))
                        if not dims[2 + i].HasField("dim_value")}
+    for name in _unfolded_images(model, skip=found):
+        found[name] = {axis: PixelAxis(step, step) for axis, d in enumerate(shapes[name]) if axis >= 2
+                       for step in [named_multiple(d.dim_param)]}
     return found
+
+
+#: channels of an image input whose stem is no Conv (grey, RGB, RGBA)
+_IMAGE_CHANNELS = range(1, 5)
+
+
+def _unfolded_images(model: onnx.ModelProto, *, skip) -> list[str]:
+    """Float (N, C, H, W) or (N, C, T, H, W) inputs with C static and small and every other
+    axis after it symbolic, that reach no Conv: an image with a stem of another kind."""
+    inits = {i.name for i in model.graph.initializer}
+    found = []
+    for vi in model.graph.input:
+        dims = vi.type.tensor_type.shape.dim
+        if vi.name in inits or vi.name in skip or vi.type.tensor_type.elem_type not in _FLOATS:
+            continue
+        if (len(dims) in (4, 5) and dims[1].HasField("dim_value") and dims[1].dim_value in _IMAGE_CHANNELS
+                and all(d.HasField("dim_param") for d in dims[2:])):
+            found.append(vi.name)
+    return found
+
+
+def named_multiple(dim_param: str) -> int:
+    """The step torch.export wrote into a dim's name: 8 for "8*h" (or "h_x8", the
+    identifier compile.frontend renames it to), else 1."""
+    named = re.fullmatch(r"\s*(\d+)\s*\*\s*[A-Za-z_]\w*\s*|[A-Za-z_]\w*?_x(\d+)", dim_param)
+    return int(named[1] or named[2]) if named else 1
 
 
 _FLOATS = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
