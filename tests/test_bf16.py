@@ -316,14 +316,15 @@ def _instructions_per_function(disassembly: str, mnemonic: str) -> dict[str, int
 def test_the_aarch64_kernel_is_bfmmla_in_the_cross_compiled_object(k, n, tmp_path):
     """The linear layer cross-compiled for Thor's CPU and linked as a bundle's model.so
     is: one kernel whose 8 x 8 float32 tile is 4 x 4 BFMMLA (2 x 2 each) per 4 reduction
-    elements, the bias and GELU in its epilogue. (48, 80), no multiple of AMX's 32, is
-    taken as it is (K in steps of 4, N in panels of 8)."""
+    elements, 4 such steps unrolled (NEON_BFMMLA.k_unroll), the bias and GELU in its
+    epilogue. (48, 80), no multiple of AMX's 32, is taken as it is (K in steps of 4, N in
+    panels of 8)."""
     from portable_pe.backends import arm
     mod, _, _ = _matmul_module(k, n)
     path = tmp_path / "model.so"
     arm.export_library(_build_for(mod, THOR), path)
     counts = _instructions_per_function(_disassemble(path), "bfmmla")
-    assert len(counts) == 1 and next(iter(counts.values())) == 16, counts
+    assert len(counts) == 1 and next(iter(counts.values())) == 16 * 4, counts
     assert "gelu" in next(iter(counts)), counts
 
 
