@@ -45,6 +45,13 @@ from typing import Iterable, Sequence
 
 HOST = "127.0.0.1"
 DEFAULT_PORT = 9190
+# The emulated CPU: qemu's `max` has every extension the arm boards' kernels use (FEAT_I8MM's
+# smmla, FEAT_DotProd's sdot, FEAT_BF16's bfmmla). It is qemu-user's default too; named
+# here so that no qemu release can change it under the tests. qemu 7.2 (Debian 12) has no
+# named model with BF16 (neoverse-n2 and cortex-a710 came in qemu 8); PORTABLE_PE_BOARD_CPU
+# picks another, e.g. cortex-a76 for a board with sdot and no BF16 or I8MM.
+BOARD_CPU_ENV = "PORTABLE_PE_BOARD_CPU"
+DEFAULT_BOARD_CPU = "max"
 DEFAULT_TIMEOUT = 120.0
 BOARD_PYTHON = "usr/bin/python3.11"
 
@@ -149,7 +156,8 @@ def board_command(
     ``script=None`` lets ``python_args`` carry e.g. ``["-c", code]`` or ``["-m", mod]``.
     """
     p = board_paths()
-    cmd = [p.qemu, "-L", str(p.rootfs), str(p.python), *python_args]
+    cpu = os.environ.get(BOARD_CPU_ENV) or DEFAULT_BOARD_CPU
+    cmd = [p.qemu, "-cpu", cpu, "-L", str(p.rootfs), str(p.python), *python_args]
     if script is not None:
         cmd.append(str(script))
     cmd.extend(str(a) for a in args)
@@ -287,7 +295,7 @@ def start_server(port: int = DEFAULT_PORT, timeout: float = DEFAULT_TIMEOUT, qui
     env = board_env(runtime_only=os.environ.get("PORTABLE_PE_BOARD_FULL_TVM") != "1")
     t0 = time.monotonic()
     with open(p.log_file, "wb") as log:
-        log.write(f"# {time.strftime('%F %T')} starting: {' '.join(cmd[:4])} -c <server> {HOST} {port}\n".encode())
+        log.write(f"# {time.strftime('%F %T')} starting: {' '.join(cmd[:6])} -c <server> {HOST} {port}\n".encode())
         log.flush()
         proc = subprocess.Popen(
             cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,

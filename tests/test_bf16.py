@@ -4,11 +4,16 @@ with the instruction found in the assembly), whole bundles against PyTorch float
 the refusal on a CPU without bf16 instructions.
 
 The kernels run only on a CPU that has their instructions (this machine kind has both);
-elsewhere those tests skip with the missing flag."""
+elsewhere those tests skip with the missing flag. The aarch64 kernel (BFMMLA) is
+cross-compiled here and its instructions counted in the object; it runs on the emulated
+board (test_deploy.py)."""
 
 from __future__ import annotations
 
 import dataclasses
+import re
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -19,7 +24,7 @@ from portable_pe.backends.targets import load_target
 from portable_pe.cpu_schedule.bf16_linear import bf16_bits
 from portable_pe.host_cpu import cpu_flags
 
-from conftest import TINY_SPEC, assert_parity
+from conftest import TINY_SPEC, assert_parity, needs_cross
 
 CPU_FLAGS = cpu_flags()
 #: kernel -> (the LLVM features that select it, the /proc/cpuinfo flags it runs on, its instruction)
@@ -79,8 +84,13 @@ def _matmul_module(k: int, n: int, *, rows=("T",), seed: int = 0):
 
 def _build(mod, kernel: str):
     import tvm
+    return _build_for(mod, {"kind": "llvm", "mcpu": "rocketlake", "mattr": KERNELS[kernel][0], "num-cores": 2})
+
+
+def _build_for(mod, target: dict):
+    import tvm
     from portable_pe.cpu_schedule import cpu_pipeline
-    target = tvm.target.Target({"kind": "llvm", "mcpu": "rocketlake", "mattr": KERNELS[kernel][0], "num-cores": 2})
+    target = tvm.target.Target(target)
     return tvm.compile(mod, target=target, relax_pipeline=cpu_pipeline(target, precision="bf16"))
 
 
@@ -262,3 +272,70 @@ def test_a_bf16_bundle_is_refused_on_a_cpu_without_its_instructions(bundle_facto
     monkeypatch.setattr(host_cpu, "cpu_flags", lambda: CPU_FLAGS - {"amx_tile", "amx_bf16", "avx512_bf16"})
     with pytest.raises(BundleError, match=rf"runs its bf16 kernels on {kernel}, which needs .*this CPU has no "):
         LocalRunner(bundle)
+
+
+# ------------------------------------------------------------------- aarch64: BFMMLA
+#: Jetson AGX Thor's CPU (its TVM tag's host part); Cortex-A78 (Jetson AGX Orin) has no BF16
+THOR = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-v3ae", "num-cores": 4}
+
+
+def test_the_kernel_follows_the_architecture_and_its_cpu_features():
+    import tvm
+    from portable_pe.cpu_schedule.bf16_isa import KERNEL_FEATURES, bf16_kernel
+    from portable_pe.cpu_schedule.bf16_matmul import FITS
+    cases = [({"mcpu": "sapphirerapids"}, "amx-bf16"), ({"mcpu": "rocketlake", "mattr": ["+avx512bf16"]}, "avx512-bf16"),
+             ({"mcpu": "znver3"}, None), (THOR, "neon-bfmmla"),
+             ({"mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a78"}, None),
+             ({"mtriple": "aarch64-linux-gnu", "mattr": ["+neon", "+bf16"]}, "neon-bfmmla"),
+             ({"mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}, None)]
+    for config, kernel in cases:
+        assert bf16_kernel(tvm.target.Target({"kind": "llvm", **config})) == kernel, config
+    assert set(FITS) == set(KERNEL_FEATURES) == {kernel for _, kernel in cases if kernel}
+
+
+def _disassemble(path) -> str:
+    objdump = shutil.which("aarch64-linux-gnu-objdump")
+    if objdump is None:
+        pytest.skip("aarch64-linux-gnu-objdump is not on PATH (apt-get install binutils-aarch64-linux-gnu)")
+    return subprocess.run([objdump, "-d", str(path)], capture_output=True, text=True, check=True).stdout
+
+
+def _instructions_per_function(disassembly: str, mnemonic: str) -> dict[str, int]:
+    counts, function = {}, None
+    for line in disassembly.splitlines():
+        header = re.match(r"^[0-9a-f]+ <(.+)>:$", line)
+        if header:
+            function = header.group(1)
+        elif f"\t{mnemonic}\t" in line:
+            counts[function] = counts.get(function, 0) + 1
+    return counts
+
+
+@needs_cross
+@pytest.mark.parametrize("k, n", [(64, 96), (48, 80)])
+def test_the_aarch64_kernel_is_bfmmla_in_the_cross_compiled_object(k, n, tmp_path):
+    """The linear layer cross-compiled for Thor's CPU and linked as a bundle's model.so
+    is: one kernel whose 8 x 8 float32 tile is 4 x 4 BFMMLA (2 x 2 each) per 4 reduction
+    elements, 4 such steps unrolled (NEON_BFMMLA.k_unroll), the bias and GELU in its
+    epilogue. (48, 80), no multiple of AMX's 32, is taken as it is (K in steps of 4, N in
+    panels of 8)."""
+    from portable_pe.backends import arm
+    mod, _, _ = _matmul_module(k, n)
+    path = tmp_path / "model.so"
+    arm.export_library(_build_for(mod, THOR), path)
+    counts = _instructions_per_function(_disassemble(path), "bfmmla")
+    assert len(counts) == 1 and next(iter(counts.values())) == 16 * 4, counts
+    assert "gelu" in next(iter(counts)), counts
+
+
+@needs_cross
+@pytest.mark.parametrize("board", ["jetson-agx-orin", "generic"])
+def test_a_board_without_bf16_is_refused_with_the_feature_it_lacks(board, tmp_path, capsys):
+    from portable_pe.cli.main import main as cli
+    rc = cli(["compile", str(TINY_SPEC), "--target", "arm", "--board", board, "--precision", "bf16",
+              "--out", str(tmp_path / "b")])
+    err = capsys.readouterr().err
+    assert rc != 0 and not (tmp_path / "b" / "model.so").exists()
+    cpu = "cortex-a78" if board == "jetson-agx-orin" else "generic aarch64"
+    assert re.search(rf"--precision bf16 needs an aarch64 CPU with bf16 \(FEAT_BF16: BFMMLA, BFDOT\); this board's "
+                     rf"CPU \({cpu}\) has none.*--board jetson-agx-thor", err), err

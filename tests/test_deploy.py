@@ -339,3 +339,46 @@ def test_int8_bundle_passes_on_the_board(board_name, bundle_factory, emulated_bo
     report = deploy(bundle, rpc=emulated_board.direct(), log=lambda m: None)
     board_rows = [r for r in report.rows if r.candidate == "board vs reference.npz"]
     assert report.ok and board_rows and all(r.ok for r in board_rows), report.to_markdown()
+
+
+@board
+@needs_cross
+def test_bf16_bundle_passes_on_the_board(bundle_factory, emulated_board):
+    """The BFMMLA kernels of a Jetson AGX Thor build run on the board (qemu's `max` CPU has
+    FEAT_BF16, board_server.DEFAULT_BOARD_CPU), judged against PyTorch float32 by the
+    bf16_linear row; onnxruntime (float32) and OpenVINO (bf16) are shown, not judged."""
+    bundle = bundle_factory(TINY_SPEC, "arm", precision="bf16", board="jetson-agx-thor")
+    plan = bundle.manifest["bf16"]
+    assert (plan["kernel"], plan["matmuls_float32"]) == ("neon-bfmmla", 0) and plan["matmuls_bf16"] > 0, plan
+    assert bundle.manifest["tolerance"]["float32"] == TOLERANCES["bf16_linear"]  # what `ok` below means
+    report = deploy(bundle, rpc=emulated_board.direct(), log=lambda m: None)
+    board_rows = [r for r in report.rows if r.candidate == "board vs reference.npz"]
+    assert report.ok and board_rows and all(r.ok for r in board_rows), report.to_markdown()
+    # the kernels rounded: a float32 arm build is ~1e-6 off PyTorch here, bf16 operands ~1e-3
+    assert min(r.max_abs for r in board_rows) > 1e-4, report.to_markdown()
+    print("bf16 on the board: " + ", ".join(f"T={r.length} cosine {r.cosine:.7f} max abs {r.max_abs:.2e}"
+                                           for r in board_rows))
+
+
+@board
+@needs_cross
+def test_bfmmla_kernel_on_the_board_computes_the_rounded_product(emulated_board, tmp_path):
+    """One linear layer (bias, GELU) built for Thor's CPU, run on the board against the
+    float64 product of its bf16-rounded operands: the packing and the 2 x 2 tiles exact up
+    to float32 rounding (BFMMLA without FEAT_EBF16 sums with round-to-odd)."""
+    import tvm
+    from tvm import rpc
+    from tvm.runtime.vm import VirtualMachine
+    from portable_pe.backends import arm
+    from test_bf16 import THOR, _build_for, _matmul_module, _oracle
+    from conftest import assert_parity
+    mod, w, b = _matmul_module(48, 80)
+    arm.export_library(_build_for(mod, THOR), tmp_path / "linear.so")
+    host, port = parse_address(emulated_board.direct(), what="board")
+    remote = rpc.connect(host, port, session_timeout=300)
+    remote.upload(str(tmp_path / "linear.so"))
+    vm = VirtualMachine(remote.load_module("linear.so"), remote.cpu())
+    for t in (1, 33, 128):
+        x = np.random.default_rng(t).standard_normal((t, 48)).astype(np.float32)
+        got = vm["main"](tvm.runtime.tensor(x, device=remote.cpu())).numpy()
+        assert_parity(_oracle(x, w, b), got, tolerance="float32_abs", name=f"bfmmla T={t}")

@@ -64,6 +64,26 @@ def _num_cores(spec, board: str, target, given) -> int | None:
     return spec.options["board"].get("num_cores", {}).get(board)
 
 
+def for_precision(target: tvm.target.Target, spec, precision: str) -> tvm.target.Target:
+    """bf16 needs the board's CPU to have FEAT_BF16 (BFMMLA): its TVM tag's CPU decides."""
+    from ..cpu_schedule.bf16_isa import KERNELS, bf16_kernel
+    if precision != "bf16" or bf16_kernel(target) is not None:
+        return target
+    wanted = " or ".join("+".join(f) for f in KERNELS["aarch64"].values())
+    with_it = [b for b in spec.options["board"]["choices"] if _board_has_bf16(spec, b)]
+    raise ValueError(f"--precision bf16 needs an aarch64 CPU with {wanted} (FEAT_BF16: BFMMLA, BFDOT); this "
+                     f"board's CPU ({target.attrs.get('mcpu', 'generic aarch64')}) has none: build fp32 (the "
+                     f"default) or --precision int8, or pick a board whose CPU has it "
+                     f"(--board {' or '.join(with_it) or 'none listed in targets/arm.toml'})")
+
+
+def _board_has_bf16(spec, board: str) -> bool:
+    from ..cpu_schedule.bf16_isa import bf16_kernel
+    tag = spec.options["board"]["choices"][board]
+    target = tvm.target.Target(tag) if tag else tvm.target.Target(dict(spec.tvm))
+    return bf16_kernel(target.host if target.kind.name != "llvm" else target) is not None
+
+
 def tuning_variant(options: dict, target) -> str:
     """Tuning databases are per board: targets/tuning/arm/<board>/<graph>/."""
     return options["board"]
@@ -75,4 +95,5 @@ def export_library(executable, path, *, target_options: dict | None = None) -> N
 
 # The schedules are the host CPU target's, so arm follows whatever llvm does.
 BACKEND = Backend(name="arm", tvm_target=tvm_target, relax_pipeline=llvm.relax_pipeline,
-                  export_library=export_library, precisions=("fp32", "int8"), tuning_variant=tuning_variant)
+                  export_library=export_library, precisions=("fp32", "int8", "bf16"), for_precision=for_precision,
+                  tuning_variant=tuning_variant)

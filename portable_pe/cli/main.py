@@ -69,10 +69,16 @@ def cmd_compile(args) -> int:
     report = check_bundle(bundle, lengths=lengths, sizes=sizes, tvm_runner=runner,
                           candidates=("onnxruntime", "tvm") if runner else ("onnxruntime",), extra_runners=vendor)
     report.unverified = why
-    if runner is None and report.rows and not any(r.gating for r in report.rows):  # an int8 bundle for a board
-        print("note: onnxruntime's int8 kernels on this machine are shown for comparison; the bundle itself "
-              "is checked on the board (portable-pe deploy, or its run_on_board.py)", flush=True)
+    if runner is None and report.rows and not any(r.gating for r in report.rows):  # an int8 or bf16 bundle for a board
+        peers = _PEERS_OF_PRECISION.get(bundle.manifest.get("precision"), "the engines on this machine are")
+        print(f"note: {peers} shown for comparison; the bundle itself is checked on the board "
+              "(portable-pe deploy, or its run_on_board.py)", flush=True)
     return _print_report(report, args.json)
+
+
+#: what a board bundle's parity shows on this machine, by precision (run.parity picks the peers)
+_PEERS_OF_PRECISION = {"int8": "onnxruntime's int8 kernels on this machine are",
+                       "bf16": "onnxruntime (float32) and OpenVINO (its bf16 default) on this machine are"}
 
 
 def _sizes_or_lengths(args, *, vision: bool) -> None:

@@ -9,6 +9,9 @@ bitcast to bfloat (imported into the kernel with ``pragma_import_llvm``; LLVM in
     kernel       instruction                          per instruction            needs
     amx-bf16     tdpbf16ps tmm: [16 x 32] x [32 x 16]  16384 flops (a 16x16 tile)  amx-tile, amx-bf16
     avx512-bf16  vdpbf16ps zmm: 16 lanes x 2 pairs     64 flops                    avx512bf16
+    neon-bfmmla  bfmmla v.4s: [2 x 4] x [4 x 2]        32 flops (a 2x2 tile)       bf16 (aarch64)
+
+The aarch64 kernel is bf16_neon's.
 
 AMX holds C in tile registers (8 tiles of 16 rows x 64 bytes): the micro-kernel keeps a
 32 x 32 float32 block in four of them, loads two 16 x 32 activation tiles and two weight
@@ -31,21 +34,27 @@ AMX_TILE = 32  # rows and columns of the micro-kernel's float32 block (2 x 2 til
 AMX_K = 32     # reduction elements per tile step (64 bytes of bf16 per row)
 
 
-def bf16_kernel(target) -> str | None:
-    """"amx-bf16", "avx512-bf16", or None: the best bf16 instruction `target` has."""
-    features = _features(target)
+#: each architecture's kernels, best first, with what each needs as LLVM names its target
+#: features (the errors name them). aarch64's FEAT_BF16 brings BFMMLA and BFDOT together;
+#: BFMMLA does twice BFDOT's multiply-adds per instruction, so it is the one kernel there.
+KERNELS = {"x86": {"amx-bf16": ("amx-tile", "amx-bf16"), "avx512-bf16": ("avx512bf16",)},
+           "aarch64": {"neon-bfmmla": ("bf16",)}}
+KERNEL_FEATURES = {name: needs for kernels in KERNELS.values() for name, needs in kernels.items()}
+
+
+def target_arch(target) -> str | None:
+    """"x86", "aarch64", or None (32-bit arm: no bf16 kernel), from the target's triple."""
     triple = str(target.attrs.get("mtriple", "")) if target is not None else ""
-    if "aarch64" in triple or "arm" in triple:
-        return None
-    if {"amx-tile", "amx-bf16"} <= features:
-        return "amx-bf16"
-    if "avx512bf16" in features:
-        return "avx512-bf16"
-    return None
+    if "aarch64" in triple or "arm64" in triple:
+        return "aarch64"
+    return None if "arm" in triple else "x86"
 
 
-#: what each kernel needs, as LLVM names its target features (the error names them)
-KERNEL_FEATURES = {"amx-bf16": ("amx-tile", "amx-bf16"), "avx512-bf16": ("avx512bf16",)}
+def bf16_kernel(target) -> str | None:
+    """The best bf16 kernel (a KERNELS name) `target` has the features for, or None."""
+    features = _features(target)
+    kernels = KERNELS.get(target_arch(target), {})
+    return next((name for name, needs in kernels.items() if set(needs) <= features), None)
 
 
 def widen(load):

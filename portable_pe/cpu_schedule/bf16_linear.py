@@ -16,8 +16,8 @@ cos/sin, bias tables, embeddings: a rotation by a rounded angle is a different r
 and attention's softmax (its Q.K^T and P.V run on AMX tiles in the fused attention
 kernel, bf16_attention). With AMX every linear layer is rewritten, K and N padded to 32
 with zeros (the weight here, the activation by its rounding kernel; N cropped after);
-with vdpbf16ps only those whose K is even and N a multiple of 16, the others stay
-float32 and are counted.
+with vdpbf16ps only those whose K is even and N a multiple of 16, with aarch64's BFMMLA
+those whose K is a multiple of 4 and N even; the others stay float32 and are counted.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import tvm
 from tvm import relax, te, tirx
 from tvm.ir import IRModule
 
-from .bf16_isa import AMX_K, AMX_TILE, KERNEL_FEATURES, bf16_kernel
-from .bf16_matmul import fits_avx512
+from .bf16_isa import AMX_K, AMX_TILE, KERNELS, bf16_kernel, target_arch
+from .bf16_matmul import FITS
 from .relax_util import (INJECTIVE, OUT_ELEMWISE_FUSABLE, _mutate_relax_functions, _tensor_type, bound_call,
                          mark_op_pattern, rewrite_matmul)
 
@@ -154,12 +154,13 @@ def lower_bf16_linear(mod: IRModule, target) -> tuple[IRModule, int, int]:
     because the kernel does not take their shape)."""
     kernel = bf16_kernel(target)
     if kernel is None:
-        raise ValueError(f"--precision bf16 needs a CPU with {' or '.join('+'.join(f) for f in KERNEL_FEATURES.values())}; "
-                         f"target {target} has neither")
+        kernels = KERNELS.get(target_arch(target), {})
+        raise ValueError(f"--precision bf16 needs a CPU with {' or '.join('+'.join(f) for f in kernels.values()) or 'a bf16 kernel'}; "
+                         f"target {target} has none of them")
     # vdpbf16ps takes every shape AMX takes and more (bf16_matmul falls back to it); with
     # AMX every shape is padded to its tiles (2% more work at N = 688, against vdpbf16ps)
     amx = kernel == "amx-bf16"
-    lowerer = _Lowerer(mod, (lambda k, n: True) if amx else fits_avx512, pad_to_amx=amx)
+    lowerer = _Lowerer(mod, FITS[kernel], pad_to_amx=amx)
     lowered = _mutate_relax_functions(lowerer, mod)
     if not lowerer.lowered:
         return mod, 0, lowerer.kept
@@ -168,7 +169,7 @@ def lower_bf16_linear(mod: IRModule, target) -> tuple[IRModule, int, int]:
 
 @tvm.transform.module_pass(opt_level=0, name="LowerBF16Linear")
 class LowerBF16Linear:  # pylint: disable=too-few-public-methods
-    """lower_bf16_linear for the target in scope (an llvm x86 target with bf16)."""
+    """lower_bf16_linear for the target in scope (an llvm target with a bf16 kernel, bf16_isa)."""
 
     def transform_module(self, mod: IRModule, _ctx) -> IRModule:
         return lower_bf16_linear(mod, tvm.target.Target.current(allow_none=False))[0]

@@ -11,12 +11,14 @@ With AMX (bf16_isa), per 32 x 32 block of C:
 
 The block lies in memory between the micro-kernel and the epilogue (AMX has no path from
 tiles to vector registers), 4 KiB that stay in L1. Without AMX (or when N or K is not a
-multiple of 32), vdpbf16ps in the int8 kernels' register-tiled schedule.
+multiple of 32), vdpbf16ps in the int8 kernels' register-tiled schedule; on aarch64,
+BFMMLA in that schedule (bf16_neon).
 """
 
 from __future__ import annotations
 
 from .bf16_isa import AMX_K, AMX_TILE, AVX512_BF16, amx_intrin, AMX_IR, bf16_kernel
+from .bf16_neon import NEON_BFMMLA, fits_bfmmla
 from .int8_matmul import schedule_dot_matmul
 from .matmul import _pack_constant_weight, _pad_to_tiles
 from .spatial import _parallel_outer, _vectorize_inner
@@ -39,10 +41,17 @@ def fits_avx512(k: int, n: int) -> bool:
     return k % AVX512_BF16.kg == 0 and n % AVX512_BF16.lanes == 0
 
 
+#: the shapes (K, N) each kernel takes; bf16_linear keeps the others float32 (AMX: all of
+#: them, padded to its tiles there)
+FITS = {"amx-bf16": lambda k, n: True, "avx512-bf16": fits_avx512, "neon-bfmmla": fits_bfmmla}
+
+
 def schedule_bf16_matmul(sch, mm_block, other_blocks, target) -> bool:
     kernel = bf16_kernel(target)
     if kernel is None:
         return False
+    if kernel == "neon-bfmmla":
+        return schedule_dot_matmul(sch, mm_block, other_blocks, NEON_BFMMLA)
     if kernel == "amx-bf16" and _schedule_amx(sch, mm_block, other_blocks, target):
         return True
     return schedule_dot_matmul(sch, mm_block, other_blocks, AVX512_BF16)

@@ -50,6 +50,7 @@ class DotIsa:
     tile_vectors: int   # ... by this many vectors of LANES int32 (fits the SIMD register file)
     rows: int = 1       # tile rows one instruction covers (smmla: 2)
     llvm_ir: str | None = None  # LLVM IR the intrinsic calls (imported into each kernel using it)
+    k_unroll: int = 1   # reduction steps unrolled together (a power of two)
 
 
 def _features(target) -> set[str]:

@@ -78,6 +78,9 @@ def schedule_dot_matmul(sch, mm_block, other_blocks, isa) -> bool:
     jo, jv, ji = sch.split(lj, [None, nv, isa.lanes])
     ko, ki = sch.split(lk, [None, isa.kg])
     sch.reorder(*batch, io, jo, ko, ii, jv, ir, ji, ki)
+    steps = _unrolled_steps(isa, ext_k)
+    if steps > 1:
+        ko, ko_unrolled = sch.split(ko, [None, steps])
     for blk in other_blocks:  # the epilogue, per tile
         sch.reverse_compute_at(blk, jo, preserve_unit_loops=True)
         inner = sch.get_loops(blk)[len(batch) + 2:]
@@ -95,6 +98,8 @@ def schedule_dot_matmul(sch, mm_block, other_blocks, isa) -> bool:
         sch.vectorize(ji)
     sch.unroll(ii)
     sch.unroll(jv)
+    if steps > 1:
+        sch.unroll(ko_unrolled)
     if isa.llvm_ir is not None:  # the instruction's wrapper, linked into this kernel's module
         sch.annotate(outermost, "pragma_import_llvm", isa.llvm_ir)
     return True
@@ -108,3 +113,12 @@ def _operands_match(sch, mm_block, isa) -> bool:
     out = _region_buffer(stmt.writes[0])
     dtypes = sorted(str(_region_buffer(r).dtype) for r in stmt.reads if not _region_buffer(r).same_as(out))
     return dtypes == sorted([isa.a_dtype, isa.w_dtype])
+
+
+def _unrolled_steps(isa, k: int) -> int:
+    """isa.k_unroll reduction steps unrolled together, or the largest power of two below
+    it that divides K's steps."""
+    steps = isa.k_unroll
+    while steps > 1 and (k // isa.kg) % steps:
+        steps //= 2
+    return steps
