@@ -20,11 +20,13 @@ def bf16_plan(mod: IRModule, target) -> dict:
         _, lowered, kept = lower_bf16_linear(fused, target)
     calls = _attention_calls(fused)
     attention, in_bf16 = sum(calls.values()), calls.get("fused_attention_bf16", 0)
-    return {"kernel": bf16_kernel(target), "matmuls_bf16": lowered, "matmuls_float32": kept,
+    kernel = bf16_kernel(target)
+    why = ("bf16 on AMX with head dims that are multiples of 32" if kernel == "amx-bf16"
+           else f"no bf16 attention kernel for {kernel}")  # attention in bf16 is AMX's only
+    return {"kernel": kernel, "matmuls_bf16": lowered, "matmuls_float32": kept,
             "attentions_bf16": in_bf16, "attentions_float32": attention - in_bf16,
             "float32": "layer norm, softmax, residuals, biases and activations, position encodings"
-                       + ("" if in_bf16 and in_bf16 == attention else
-                          ", attention's Q.K^T and P.V (bf16 on AMX with head dims that are multiples of 32)")}
+                       + ("" if in_bf16 and in_bf16 == attention else f", attention's Q.K^T and P.V ({why})")}
 
 
 def _attention_calls(mod: IRModule) -> dict[str, int]:
