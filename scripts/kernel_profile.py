@@ -8,6 +8,7 @@ more than an uninstrumented run; onnxruntime's whole-graph median, timed in turn
 same runs, is printed for scale.
 
     python scripts/kernel_profile.py dist/rope-llvm [--batch 1] [--seq 128] [--runs 30]
+    python scripts/kernel_profile.py dist/vit_rope_2d-llvm --size 224x224     # a vision bundle
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 
 
 def profile_kernels(bundle_path, *, batch: int = 1, seq: int = 128, runs: int = 30, threads: int = 2,
-                    top: int = 12) -> str:
+                    top: int = 12, size: str | None = None) -> str:
     """The Markdown table of ms per kernel (slowest first) for one (batch, seq) cell.
     Thread and pool settings are set_threads' (passive: idle workers sleep, so the
     instrument hook between kernels does not meet a spinning pool)."""
@@ -35,7 +36,10 @@ def profile_kernels(bundle_path, *, batch: int = 1, seq: int = 128, runs: int = 
 
     bundle = load_bundle(bundle_path)
     runner = LocalRunner(bundle)
-    inputs = make_inputs(bundle.manifest["inputs"], length=seq, batch=batch, dim_roles=dim_roles(bundle.manifest))
+    from portable_pe.run.parity import parse_sizes, pixel_roles
+    sizes = parse_sizes(size, pixel_roles(bundle.manifest)) if size else None  # a vision bundle's image
+    inputs = make_inputs(bundle.manifest["inputs"], length=seq, batch=batch, dim_roles=dim_roles(bundle.manifest),
+                         sizes=sizes)
     entry = entry_for(bundle.manifest, inputs)
     tensors = [tvm.runtime.tensor(np.ascontiguousarray(inputs[s["name"]]), device=runner.device)
                for s in bundle.manifest["inputs"]]
@@ -61,7 +65,8 @@ def profile_kernels(bundle_path, *, batch: int = 1, seq: int = 128, runs: int = 
         ort.append(time.perf_counter() - start)
     ms = {k: 1000 * float(np.median(v)) for k, v in per_kernel.items()}
     total = 1000 * float(np.median(totals))
-    lines = [f"{bundle.name} ({bundle.manifest.get('precision', 'fp32')}), entry {entry}, B={batch} T={seq}, "
+    cell = f"B={batch} {size}" if size else f"B={batch} T={seq}"
+    lines = [f"{bundle.name} ({bundle.manifest.get('precision', 'fp32')}), entry {entry}, {cell}, "
              f"{threads} threads, {runs} runs: kernels {total:.2f} ms in all, onnxruntime {1000 * float(np.median(ort)):.2f} ms "
              f"(whole graph, same model.onnx)", "", "| kernel | calls | ms per run | share |", "|---|---:|---:|---:|"]
     ranked = sorted(ms.items(), key=lambda kv: -kv[1])
@@ -81,9 +86,10 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--size", help="a vision bundle's image size, HxW (or FxHxW), instead of --seq")
     args = parser.parse_args()
     print(profile_kernels(args.bundle, batch=args.batch, seq=args.seq, runs=args.runs, threads=args.threads,
-                          top=args.top))
+                          top=args.top, size=args.size))
     return 0
 
 

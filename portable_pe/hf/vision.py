@@ -28,10 +28,12 @@ class VisionArch:
     interpolates: bool = False
     patch: int = PATCH
 
-    def build(self):
+    def build(self, overrides: dict | None = None):
+        """The model with random weights (seed 0): the tiny config, or the class's own
+        defaults updated by `overrides` where given (a full-size model to time)."""
         import torch  # pylint: disable=import-outside-toplevel
         import transformers  # pylint: disable=import-outside-toplevel
-        config = getattr(transformers, self.config)(**self.options)
+        config = getattr(transformers, self.config)(**(self.options if overrides is None else overrides))
         torch.manual_seed(0)
         cls = getattr(transformers, self.model)
         kwargs = {"add_pooling_layer": False} if self.model in ("ViTModel", "BeitModel", "SwinModel") else {}
@@ -57,10 +59,10 @@ VISION_ARCHITECTURES = {
 }
 
 
-def build_vision(name: str):
+def build_vision(name: str, overrides: dict | None = None):
     if name not in VISION_ARCHITECTURES:
         raise ValueError(f"unknown vision architecture {name!r}; known: {', '.join(VISION_ARCHITECTURES)}")
-    return VISION_ARCHITECTURES[name].build()
+    return VISION_ARCHITECTURES[name].build(overrides)
 
 
 class LastHiddenState:
@@ -82,15 +84,21 @@ class LastHiddenState:
         return _Wrapped().eval()
 
 
-def export_vision(name: str, path: str | Path, *, exporter: str = "torchscript") -> tuple[object, Path]:
-    """(the wrapped model, the written path): ``name``'s tiny model exported with H and W
-    dynamic (TorchScript: named H and W; dynamo: multiples of the patch, ``8*h``)."""
+def export_vision(name: str, path: str | Path, *, exporter: str = "torchscript", overrides: dict | None = None,
+                  batch: bool = False) -> tuple[object, Path]:
+    """(the wrapped model, the written path): ``name``'s tiny model (or its class's defaults
+    with `overrides`, see VisionArch.build) exported with H and W dynamic (TorchScript:
+    named H and W; dynamo: multiples of the patch, ``8*h``), and the batch with `batch`
+    (TorchScript only)."""
     import torch  # pylint: disable=import-outside-toplevel
     if exporter not in EXPORTERS:
         raise ValueError(f"exporter must be one of {EXPORTERS}, got {exporter!r}")
+    if batch and exporter != "torchscript":
+        raise ValueError(f"a dynamic batch is written by the TorchScript exporter here; got exporter {exporter!r}")
     arch = VISION_ARCHITECTURES[name]
-    module = LastHiddenState(build_vision(name), interpolate=arch.interpolates)
-    example = torch.randn(1, 3, IMAGE, IMAGE, generator=torch.Generator().manual_seed(0))
+    module = LastHiddenState(build_vision(name, overrides), interpolate=arch.interpolates)
+    image = IMAGE if overrides is None else overrides.get("image_size", IMAGE)
+    example = torch.randn(1, 3, image, image, generator=torch.Generator().manual_seed(0))
     path = Path(path)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
@@ -103,5 +111,6 @@ def export_vision(name: str, path: str | Path, *, exporter: str = "torchscript")
         else:
             torch.onnx.export(module, (example,), str(path), dynamo=False, opset_version=17,
                               input_names=["pixel_values"], output_names=["last_hidden_state"],
-                              dynamic_axes={"pixel_values": {2: "H", 3: "W"}, "last_hidden_state": {1: "tokens"}})
+                              dynamic_axes={"pixel_values": {**({0: "batch"} if batch else {}), 2: "H", 3: "W"},
+                                            "last_hidden_state": {**({0: "batch"} if batch else {}), 1: "tokens"}})
     return module, path
