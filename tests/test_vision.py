@@ -252,6 +252,7 @@ def test_the_npu_target_pins_a_vision_graph_to_its_image_size_with_positions_fol
     assert st.report["npu"]["fold"]["runtime_position_ops_left"] == {}
 
 
+@pytest.mark.integration  # an NPU bundle's compile (29 s): with the vendor tests, keeping the default run short
 def test_an_npu_vision_bundles_parity_is_at_its_image_size(bundle_factory):
     """Its one case is the pinned image (the spec's example size, 24x32), not a "length" read
     off its first pixel dim (the 3 channels, as the parity table once said)."""

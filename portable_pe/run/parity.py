@@ -188,6 +188,9 @@ def size_label(sizes: dict[str, int]) -> str:
 def parse_sizes(text: str, roles: list[str]) -> dict[str, int]:
     """{"height": 32, "width": 48} from "32x48" for a bundle whose pixel roles are `roles`."""
     values = text.split("x")
+    if not roles:
+        raise ValueError(f"--sizes {text!r}: this bundle has no image dims to size (not a vision bundle, or its "
+                         "image size is pinned: it runs at the one size it was built for)")
     if len(values) != len(roles) or not all(v.isdigit() for v in values):
         raise ValueError(f"--sizes {text!r}: expected {'x'.join(r.upper()[0] for r in roles)} "
                          f"({', '.join(roles)} in pixels), e.g. {'x'.join(['32'] * len(roles))}")
