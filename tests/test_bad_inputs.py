@@ -245,6 +245,7 @@ def test_the_spec_schema_knows_every_encoding_option():
     (["parity", "{ws}/bundle", "--batch", "0"], ["argument --batch: expected an integer in 1..1048576, got 0"]),
     (["parity", "{ws}/bundle", "--batch", "1000"], ["--batch 1000: this bundle accepts batch sizes 1..64"]),
     (["parity", "{ws}/bundle", "--lengths", "5000"], ["--lengths 5000: this bundle accepts lengths in 1..1024"]),
+    (["parity", "{ws}/bundle", "--sizes", "32x32"], ["--sizes: this bundle has no image dims to size: a sequence graph"]),
     (COMPILE + ["--target", "npu", "--seq-len", "0"], ["argument --seq-len: expected an integer in 1..1048576, got 0"]),
     (["bench", TINY_SPEC, "--threads", "0"], ["argument --threads: expected an integer in 1..1024, got 0"]),
     (["bench", TINY_SPEC, "--batch", "1000", "--out", "bench"], ["--batch 1000: graph 'tiny_rope' accepts batch sizes 1..64"]),

@@ -87,8 +87,9 @@ def _sizes_or_lengths(args, *, vision: bool) -> None:
         raise ValueError("--lengths: this is a vision graph, checked at image sizes: give --sizes HxW[,HxW...] "
                          "(pixels, multiples of the patch size)")
     if not vision and args.sizes:
-        raise ValueError("--sizes: this graph takes token sequences, checked at --lengths N[,N...]; --sizes is "
-                         "for vision graphs (a spec with [vision])")
+        raise ValueError("--sizes: this bundle has no image dims to size: a sequence graph (checked at --lengths "
+                         "N[,N...]), or an image pinned when it was built (--shape, an npu --image-size), which "
+                         "runs at that one size; --sizes is for vision bundles built for any size")
 
 
 def _bundle_sizes(manifest: dict, args) -> list[dict] | None:
