@@ -11,7 +11,11 @@ import onnx
 
 # MatMul+Add -> Gemm needs 2-D operands, so onnxsim wraps every 3-D linear layer in
 # Reshape/Shape/Concat chains (202 -> 246 nodes on the rope graph) that TVM fuses worse.
-_SKIPPED_OPTIMIZERS = ("fuse_matmul_add_bias_into_gemm", "fuse_matmul_add_bias_into_gemm_batched")
+# fuse_attention writes com.microsoft.Attention, whose TVM converter refuses a custom
+# `scale` ("custom scale is not currently supported": transformers' SigLIP at a pinned
+# size); the CPU pipeline fuses attention itself (cpu_schedule/attention.py), and the
+# NPU and vendor graphs must stay standard ONNX anyway.
+_SKIPPED_OPTIMIZERS = ("fuse_matmul_add_bias_into_gemm", "fuse_matmul_add_bias_into_gemm_batched", "fuse_attention")
 
 
 @dataclass
