@@ -66,12 +66,11 @@ def _num_cores(spec, board: str, target, given) -> int | None:
 
 def for_precision(target: tvm.target.Target, spec, precision: str) -> tvm.target.Target:
     """bf16 needs the board's CPU to have FEAT_BF16 (BFMMLA): its TVM tag's CPU decides."""
-    from ..cpu_schedule.bf16_isa import KERNELS, bf16_kernel
+    from ..cpu_schedule.bf16_isa import bf16_kernel, needed_features
     if precision != "bf16" or bf16_kernel(target) is not None:
         return target
-    wanted = " or ".join("+".join(f) for f in KERNELS["aarch64"].values())
     with_it = [b for b in spec.options["board"]["choices"] if _board_has_bf16(spec, b)]
-    raise ValueError(f"--precision bf16 needs an aarch64 CPU with {wanted} (FEAT_BF16: BFMMLA, BFDOT); this "
+    raise ValueError(f"--precision bf16 needs an aarch64 CPU with {needed_features('aarch64')} (FEAT_BF16: BFMMLA, BFDOT); this "
                      f"board's CPU ({target.attrs.get('mcpu', 'generic aarch64')}) has none: build fp32 (the "
                      f"default) or --precision int8, or pick a board whose CPU has it "
                      f"(--board {' or '.join(with_it) or 'none listed in targets/arm.toml'})")

@@ -52,7 +52,7 @@ def for_precision(target: tvm.target.Target, spec, precision: str) -> tvm.target
     """bf16 needs AMX-BF16 or AVX512-BF16: the host's, when the target is the host CPU."""
     if precision != "bf16":
         return target
-    from ..cpu_schedule.bf16_isa import KERNELS, bf16_kernel
+    from ..cpu_schedule.bf16_isa import bf16_kernel, needed_features
     if spec.tvm.get("mcpu") == "host":
         extra = host_features(str(target.attrs["mcpu"]))
         if extra:
@@ -60,8 +60,7 @@ def for_precision(target: tvm.target.Target, spec, precision: str) -> tvm.target
             config["mattr"] = [*config.get("mattr", []), *(f"+{f}" for f in extra)]
             target = tvm.target.Target(config)
     if bf16_kernel(target) is None:
-        wanted = " or ".join("+".join(f) for f in KERNELS["x86"].values())
-        raise ValueError(f"--precision bf16 needs an x86 CPU with {wanted} (AMX tdpbf16ps or AVX-512 vdpbf16ps); "
+        raise ValueError(f"--precision bf16 needs an x86 CPU with {needed_features('x86')} (AMX tdpbf16ps or AVX-512 vdpbf16ps); "
                          f"target {spec.name!r} ({target.attrs.get('mcpu', 'generic')}) has neither: build fp32 "
                          f"(the default) or --precision int8")
     return target

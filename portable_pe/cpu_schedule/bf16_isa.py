@@ -42,6 +42,11 @@ KERNELS = {"x86": {"amx-bf16": ("amx-tile", "amx-bf16"), "avx512-bf16": ("avx512
 KERNEL_FEATURES = {name: needs for kernels in KERNELS.values() for name, needs in kernels.items()}
 
 
+def needed_features(arch: str | None) -> str:
+    """What `arch`'s bf16 kernels need, as errors name it: "amx-tile+amx-bf16 or avx512bf16"."""
+    return " or ".join("+".join(needs) for needs in KERNELS.get(arch, {}).values())
+
+
 def target_arch(target) -> str | None:
     """"x86", "aarch64", or None (32-bit arm: no bf16 kernel), from the target's triple."""
     triple = str(target.attrs.get("mtriple", "")) if target is not None else ""

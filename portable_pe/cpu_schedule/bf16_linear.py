@@ -29,7 +29,7 @@ import tvm
 from tvm import relax, te, tirx
 from tvm.ir import IRModule
 
-from .bf16_isa import AMX_K, AMX_TILE, KERNELS, bf16_kernel, target_arch
+from .bf16_isa import AMX_K, AMX_TILE, bf16_kernel, needed_features, target_arch
 from .bf16_matmul import FITS
 from .relax_util import (INJECTIVE, OUT_ELEMWISE_FUSABLE, _mutate_relax_functions, _tensor_type, bound_call,
                          mark_op_pattern, rewrite_matmul)
@@ -154,8 +154,7 @@ def lower_bf16_linear(mod: IRModule, target) -> tuple[IRModule, int, int]:
     because the kernel does not take their shape)."""
     kernel = bf16_kernel(target)
     if kernel is None:
-        kernels = KERNELS.get(target_arch(target), {})
-        raise ValueError(f"--precision bf16 needs a CPU with {' or '.join('+'.join(f) for f in kernels.values()) or 'a bf16 kernel'}; "
+        raise ValueError(f"--precision bf16 needs a CPU with {needed_features(target_arch(target)) or 'a bf16 kernel'}; "
                          f"target {target} has none of them")
     # vdpbf16ps takes every shape AMX takes and more (bf16_matmul falls back to it); with
     # AMX every shape is padded to its tiles (2% more work at N = 688, against vdpbf16ps)

@@ -16,11 +16,11 @@ vdpbf16ps kernel does (bf16_isa).
 
 from __future__ import annotations
 
-from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
 from .bf16_isa import widen
 from .int8_isa import DotIsa
+from .mmla import register_mmla
 
 _BFMMLA_IR = r"""
 declare <4 x float> @llvm.aarch64.neon.bfmmla(<4 x float>, <8 x bfloat>, <8 x bfloat>)
@@ -33,46 +33,12 @@ define internal <4 x float> @portable_pe_bfmmla(<4 x float> %acc, <8 x i16> %a, 
 """
 
 
-def _bfmmla_desc():
-    @T.prim_func(s_tir=True)
-    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
-        sa, sc = T.int64(), T.int64()
-        A = T.match_buffer(a, (2, 4), "uint16", offset_factor=1, strides=[sa, 1])
-        B = T.match_buffer(b, (2, 4), "uint16", offset_factor=1)
-        C = T.match_buffer(c, (2, 2), "float32", offset_factor=1, strides=[sc, 1])
-        with T.sblock("root"):
-            T.reads(C[0:2, 0:2], A[0:2, 0:4], B[0:2, 0:4])
-            T.writes(C[0:2, 0:2])
-            for i, j, k in T.grid(2, 2, 4):
-                with T.sblock("update"):
-                    vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-                    C[vi, vj] = C[vi, vj] + widen(A[vi, vk]) * widen(B[vj, vk])
-    return desc
+def _bfmmla(tile, rows, columns):
+    return T.call_extern("float32x4", "portable_pe_bfmmla", tile, rows, columns)
 
 
-def _bfmmla_impl():
-    """Two activation rows (4 values each, a row stride apart) and two weight columns (8
-    contiguous values) into the 2 x 2 tile, whose rows lie a tile row apart."""
-    @T.prim_func(s_tir=True)
-    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
-        sa, sc = T.int64(), T.int64()
-        A = T.match_buffer(a, (2, 4), "uint16", offset_factor=1, strides=[sa, 1])
-        B = T.match_buffer(b, (2, 4), "uint16", offset_factor=1)
-        C = T.match_buffer(c, (2, 2), "float32", offset_factor=1, strides=[sc, 1])
-        with T.sblock("root"):
-            T.reads(C[0:2, 0:2], A[0:2, 0:4], B[0:2, 0:4])
-            T.writes(C[0:2, 0:2])
-            rows = T.vectorcombine("uint16x8", A.vload([0, 0], "uint16x4"), A.vload([1, 0], "uint16x4"))
-            tile = T.vectorcombine("float32x4", C.vload([0, 0], "float32x2"), C.vload([1, 0], "float32x2"))
-            out = T.call_extern("float32x4", "portable_pe_bfmmla", tile, rows, B.vload([0, 0], "uint16x8"))
-            C[0, T.ramp(T.int64(0), 1, 2)] = T.vectorlow("float32x2", out)
-            C[1, T.ramp(T.int64(0), 1, 2)] = T.vectorhigh("float32x2", out)
-    return impl
-
-
-_BFMMLA = "portable_pe_bfmmla_2x2x4"
-if TensorIntrin.get(_BFMMLA, allow_missing=True) is None:
-    TensorIntrin.register(_BFMMLA, _bfmmla_desc(), _bfmmla_impl())
+# two activation rows of 4 bf16 values by two weight columns of 4 into a 2 x 2 float32 tile
+_BFMMLA = register_mmla("portable_pe_bfmmla_2x2x4", "uint16", 4, "float32", widen, _bfmmla)
 
 #: an 8 x 8 float32 tile as in neon-i8mm: 16 accumulator registers, 4 weight and 4 row vectors.
 #: The tile's 2 x 2 blocks lie in the accumulator array as two rows of 2, so around every

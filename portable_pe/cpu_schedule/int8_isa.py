@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
+from .mmla import register_mmla
+
 
 @dataclass(frozen=True)
 class DotIsa:
@@ -148,48 +150,14 @@ _PMADDWD512 = _register("portable_pe_vpmaddwd_16x2", "int16", "int16", 16, 2, "l
                         accumulates=False)
 _PMADDWD256 = _register("portable_pe_vpmaddwd_8x2", "int16", "int16", 8, 2, "llvm.x86.avx2.pmadd.wd",
                         accumulates=False)
-def _smmla_desc():
-    @T.prim_func(s_tir=True)
-    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
-        sa, sc = T.int64(), T.int64()
-        A = T.match_buffer(a, (2, 8), "int8", offset_factor=1, strides=[sa, 1])
-        B = T.match_buffer(b, (2, 8), "int8", offset_factor=1)
-        C = T.match_buffer(c, (2, 2), "int32", offset_factor=1, strides=[sc, 1])
-        with T.sblock("root"):
-            T.reads(C[0:2, 0:2], A[0:2, 0:8], B[0:2, 0:8])
-            T.writes(C[0:2, 0:2])
-            for i, j, k in T.grid(2, 2, 8):
-                with T.sblock("update"):
-                    vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-                    C[vi, vj] = C[vi, vj] + T.Cast("int32", A[vi, vk]) * T.Cast("int32", B[vj, vk])
-    return desc
+def _smmla(tile, rows, columns):
+    return T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id("llvm.aarch64.neon.smmla.v4i32.v16i8"),
+                                   tile, rows, columns, dtype="int32x4")
 
 
-def _smmla_impl():
-    """Two activation rows (8 bytes each, a row stride apart) and two weight columns
-    (16 contiguous bytes: the packed layout keeps a column's 8 reduction elements
-    together) into the 2 x 2 tile, whose rows lie a tile row apart."""
-    @T.prim_func(s_tir=True)
-    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
-        sa, sc = T.int64(), T.int64()
-        A = T.match_buffer(a, (2, 8), "int8", offset_factor=1, strides=[sa, 1])
-        B = T.match_buffer(b, (2, 8), "int8", offset_factor=1)
-        C = T.match_buffer(c, (2, 2), "int32", offset_factor=1, strides=[sc, 1])
-        with T.sblock("root"):
-            T.reads(C[0:2, 0:2], A[0:2, 0:8], B[0:2, 0:8])
-            T.writes(C[0:2, 0:2])
-            rows = T.vectorcombine("int8x16", A.vload([0, 0], "int8x8"), A.vload([1, 0], "int8x8"))
-            tile = T.vectorcombine("int32x4", C.vload([0, 0], "int32x2"), C.vload([1, 0], "int32x2"))
-            out = T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id("llvm.aarch64.neon.smmla.v4i32.v16i8"),
-                                          tile, rows, B.vload([0, 0], "int8x16"), dtype="int32x4")
-            C[0, T.ramp(T.int64(0), 1, 2)] = T.vectorlow("int32x2", out)
-            C[1, T.ramp(T.int64(0), 1, 2)] = T.vectorhigh("int32x2", out)
-    return impl
-
-
-_SMMLA = "portable_pe_smmla_2x2x8"
-if TensorIntrin.get(_SMMLA, allow_missing=True) is None:
-    TensorIntrin.register(_SMMLA, _smmla_desc(), _smmla_impl())
+# smmla: two activation rows of 8 bytes by two weight columns of 8 (the packed layout keeps a
+# column's 8 reduction elements together) into a 2 x 2 int32 tile (mmla.py)
+_SMMLA = register_mmla("portable_pe_smmla_2x2x8", "int8", 8, "int32", lambda x: T.Cast("int32", x), _smmla)
 _SDOT = _register("portable_pe_sdot_4x4", "int8", "int8", 4, 4, "llvm.aarch64.neon.sdot.v4i32.v16i8",
                   accumulates=True)
 

@@ -30,13 +30,15 @@ def _cell(rows: list[dict], **key) -> dict | None:
 
 
 # ----------------------------------------------------------------------------- sections
+def claims_table(claims: list[dict]) -> list[str]:
+    """The claims' rows: what each says, what this run measured, its verdict."""
+    rows = [[c["claim"], "<br>".join(f"{k}: {v}" for k, v in c["measured"].items()) or "n/a", f"**{c['verdict']}**"]
+            for c in claims]
+    return _table(["claim", "measured in this run", "verdict"], rows, "|---|---|---|")
+
+
 def claims_section(result: dict) -> list[str]:
-    lines = ["## The article's claims, measured", ""]
-    rows = []
-    for c in result["claims"]:
-        measured = "<br>".join(f"{k}: {v}" for k, v in c["measured"].items()) or "n/a"
-        rows.append([c["claim"], measured, f"**{c['verdict']}**"])
-    lines += _table(["claim", "measured in this run", "verdict"], rows, "|---|---|---|")
+    lines = ["## The article's claims, measured", ""] + claims_table(result["claims"])
     lines += ["Verdict rules:", ""] + [f"- {c['claim']}: {c['rule']}." for c in result["claims"]] + [""]
     return lines
 

@@ -220,15 +220,12 @@ def render(result: dict) -> str:
 
 
 def _render_llvm(result: dict) -> list[str]:
-    from .report import _table, fmt_ms, fmt_pct
+    from .report import _table, claims_table, fmt_ms, fmt_pct
     s, base = result["settings"], result["baseline"]
     rows = {(r["graph"], r["batch"], r["size"]): r for r in result["llvm"]["latency"]}
     lines = ["One llvm build per graph, run at every size.", "", "## The claim", ""]
     c = result["claim"]
-    lines += _table(["claim", "measured in this run", "verdict"],
-                    [[c["claim"], "<br>".join(f"{k}: {v}" for k, v in c["measured"].items()) or "n/a",
-                      f"**{c['verdict']}**"]], "|---|---|---|")
-    lines += [f"Rule: {c['rule']}.", ""]
+    lines += claims_table([c]) + [f"Rule: {c['rule']}.", ""]
     for batch in s["batches"]:
         lines += [f"## llvm latency, B={batch}", "",
                   "Median ms per run, graphs timed round-robin on the same image; in brackets: / the no-position "

@@ -106,16 +106,13 @@ def verdict(result: dict, *, little: float, windowed: str) -> dict:
 
 def render(result: dict, graphs: list[dict]) -> list[str]:
     """guide_vision.md's Ethos-U part, from the result alone."""
-    from .report import _table, fmt_ms
+    from .report import _table, claims_table, fmt_ms
     part = result["npu_ethos_u"]
     lines = ["## Ethos-U (Vela's build and estimate)", ""]
     if not part["ran"]:
         return lines + [f"Not run: {part['error']}", ""]
     c = result["npu_claim"]
-    lines += _table(["claim", "measured in this run", "verdict"],
-                    [[c["claim"], "<br>".join(f"{k}: {v}" for k, v in c["measured"].items()) or "n/a",
-                      f"**{c['verdict']}**"]], "|---|---|---|")
-    lines += [f"Rule: {c['rule']}.", ""]
+    lines += claims_table([c]) + [f"Rule: {c['rule']}.", ""]
     sizes = result["settings"]["npu_sizes"]
     cells = {(r["graph"], r["size"], r["accelerator"]): r for r in part["rows"]}
     lines += ["Vela's estimate in ms per image (not a measurement: no board here); in brackets: the position "
