@@ -87,6 +87,36 @@ def test_dense_with_a_constant_weight_runs_on_packed_panels():
         np.testing.assert_allclose(got, x @ w + b, rtol=1e-5, atol=1e-5)
 
 
+def test_a_dense_runs_row_chunk_by_row_chunk_with_panels_split_between_threads():
+    """Rows come in chunks (a serial loop); inside one, the threads split the (weight
+    panel, row tile) pairs, so each keeps its panels in cache across the chunk. Row counts
+    that end in a partial tile and a partial chunk stay exact."""
+    from portable_pe.cpu_schedule.matmul import _row_chunk_tiles
+    lanes = _vector_lanes(HOST)
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((K, N)).astype("float32")
+    b = rng.standard_normal(N).astype("float32")
+    seq = 150
+    static = relax.transform.BindSymbolicVars({"seq": seq})(_bound(Dense, w=w, b=b))
+    from portable_pe.cpu_schedule.pipeline import CPUDefaultSchedule, MarkConstantWeights, fusion_passes
+    with HOST:
+        scheduled = tvm.transform.Sequential([*fusion_passes(), MarkConstantWeights, CPUDefaultSchedule(HOST)])(static)
+    (kernel,) = [f for f in scheduled.functions.values() if isinstance(f, tirx.PrimFunc) and _parallel_loops(f)]
+    (parallel,) = _parallel_loops(kernel)
+    mi, nj = _register_tile(HOST, lanes, seq, N)
+    chunk_tiles = _row_chunk_tiles(mi, seq, K)
+    assert -(-seq // mi) > chunk_tiles, "the rows should span several chunks"
+    assert int(parallel.extent) == (N // nj) * chunk_tiles, kernel.script()
+    serial_outer = [s for s in _walk(kernel.body) if _node(s) == "For" and s.kind == tirx.ForKind.SERIAL
+                    and any(x.same_as(parallel) for x in _walk(s.body))]
+    assert serial_outer, "the parallel loop runs inside the serial loop over row chunks"
+    vm = relax.VirtualMachine(tvm.compile(_bound(Dense, w=w, b=b), target=HOST,
+                                          relax_pipeline=cpu_pipeline(HOST)), tvm.cpu())
+    for rows in (1, mi * chunk_tiles + 3, 200):
+        x = rng.standard_normal((rows, K)).astype("float32")
+        np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(), x @ w + b, rtol=1e-5, atol=1e-5)
+
+
 def test_a_weight_an_odd_number_of_vectors_wide_is_packed_and_exact():
     lanes = _vector_lanes(HOST)
     n = 3 * lanes
