@@ -278,11 +278,13 @@ def test_busy_board_times_out(arm_bundle, emulated_board):
 
 
 @board
-def test_a_vision_bundle_passes_on_the_board_at_its_sizes(bundle_factory, emulated_board, capsys):
-    """One arm build of a 2D-RoPE ViT, run on the board at each image size its reference
-    holds (2 x 3, 4 x 4 and 5 x 3 patches), each against the stored PyTorch outputs."""
+@pytest.mark.parametrize("graph", ["tiny_vit_rope_2d", "tiny_swin_rel_bias_2d", "tiny_video_mrope"])
+def test_a_vision_bundle_passes_on_the_board_at_its_sizes(graph, bundle_factory, emulated_board, capsys):
+    """One arm build of a 2D-RoPE ViT, of a windowed Swin (shifted windows, 2D relative
+    bias) and of the video graph (3D M-RoPE), each run on the board at every image size its
+    reference holds, against the stored PyTorch outputs."""
     require_cross()
-    bundle = bundle_factory(str(DATA / "vision" / "tiny_vit_rope_2d.toml"), "arm")
+    bundle = bundle_factory(str(DATA / "vision" / f"{graph}.toml"), "arm")
     report = deploy(bundle, rpc=emulated_board.direct(), log=lambda m: None)
     board_rows = [r for r in report.rows if r.candidate == "board vs reference.npz"]
     assert len({r.length for r in board_rows}) >= 2 and all(r.ok for r in board_rows), report.to_markdown()
