@@ -135,9 +135,10 @@ def _register_tile(target, lanes: int, ext_i, ext_j) -> tuple[int, int]:
 
 # The rows of A that one pass over the weight panels covers: a chunk of row tiles whose
 # A rows stay in L2 (budget below) while each thread walks its share of the packed
-# weight panels, so every panel, once read, feeds the whole chunk from L1/L2. More than
-# _MAX_CHUNK_TILES tiles per chunk bought nothing measurable (256x384x1536 dense, 2
-# threads) and makes the parallel work coarser.
+# weight panels, so every panel, once read, feeds the whole chunk from L1/L2. Chunks of
+# 16 or 24 tiles were no faster than 8 (1608 x 384 x 1536 dense, 2 threads), nor were 1-3
+# consistently (1608 x 256 x 1024, 201 x 384 x 1536); more tiles make the parallel work
+# coarser.
 _A_CHUNK_BYTES = 256 * 1024
 _MAX_CHUNK_TILES = 8
 
