@@ -51,6 +51,25 @@ def ignore_from_now() -> None:
             signal.signal(sig, signal.SIG_IGN)
 
 
+_ignore_once_complete = False
+
+
+def ignore_once_complete() -> None:
+    """For the CLI process (cli.main.entry): from the moment a command's outputs are
+    complete (outputs_complete), signals are ignored. In-process callers of cli.main keep
+    their handlers."""
+    global _ignore_once_complete
+    _ignore_once_complete = True
+
+
+def outputs_complete() -> None:
+    """A command's outputs are written: a Ctrl-C from here on, say from a reader that stops
+    once it has seen the "wrote" line (at once when stdout is unbuffered), must not end
+    the process with 130 and a message that nothing was written."""
+    if _ignore_once_complete:
+        ignore_from_now()
+
+
 def raise_if_interrupted(err: BaseException) -> None:
     """Re-raise as Interrupted when `err` is what a signal turned into inside C++ code."""
     if _received and not isinstance(err, KeyboardInterrupt):

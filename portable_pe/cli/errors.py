@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 
-from ..interrupts import Interrupted, raise_if_interrupted
+from ..interrupts import Interrupted, outputs_complete, raise_if_interrupted
 
 BAD_INPUT, INTERNAL = 2, 3
 
@@ -22,6 +22,7 @@ BAD_INPUT, INTERNAL = 2, 3
 def run_command(command: str, fn, args, *, debug: bool = False) -> int:
     try:
         code = fn(args)
+        outputs_complete()
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
         return code
     except KeyboardInterrupt as err:

@@ -169,6 +169,7 @@ def cmd_run(args) -> int:
     from ..bundle.artifact import load_bundle
     from ..bundle.paths import output_file, write_file_atomically
     from ..run.local import run_local
+    from ..interrupts import outputs_complete
     from ..user_files import load_npz_inputs
     out = output_file(args.out, kind="npz", option="--out", protect=(Path(args.inputs),))
     bundle = load_bundle(args.bundle)
@@ -184,6 +185,7 @@ def cmd_run(args) -> int:
     buf = io.BytesIO()
     np.savez(buf, **outputs)  # to a buffer: savez given a path would add ".npz" to it
     write_file_atomically(out, buf.getvalue())
+    outputs_complete()
     for name, value in outputs.items():
         print(f"{name}: {value.dtype}{list(value.shape)}")
     print(f"wrote {args.out}")
@@ -393,7 +395,8 @@ def main(argv: list[str] | None = None) -> int:
 def entry() -> int:
     """The `portable-pe` program (console script and `python -m portable_pe`): main, then a
     teardown no signal can turn into a failure (interrupts.ignore_from_now)."""
-    from ..interrupts import ignore_from_now
+    from ..interrupts import ignore_from_now, ignore_once_complete
+    ignore_once_complete()
     code = main()
     ignore_from_now()
     return code
