@@ -179,6 +179,23 @@ def test_shipped_runner_passes_and_fails_on_its_own(tiny_bundle, tmp_path):
     assert bad.returncode == 1 and "**FAIL**" in bad.stdout, bad.stdout + bad.stderr
 
 
+def _auxv(hwcap: int, hwcap2: int) -> bytes:
+    """An aarch64 /proc/self/auxv: (type, value) pairs of 64-bit words, AT_NULL last."""
+    import struct
+    return struct.pack("<8Q", 6, 4096, 16, hwcap, 26, hwcap2, 0, 0)
+
+
+def test_runner_reads_the_cpu_features_from_the_auxv_hwcaps():
+    """HWCAP words that qemu-aarch64 reported for its CPU models (read on the emulated
+    board): Cortex-A72 is ARMv8.0 (none of the optional features), Neoverse-N1 has the dot
+    product and half-precision SIMD but no i8mm, bf16 or SVE; `max` has them all."""
+    needed = ["bf16", "dotprod", "fullfp16", "i8mm", "sve", "sve2"]
+    assert board_runner.missing_cpu_features(needed, _auxv(0x8FB, 0)) == needed
+    assert board_runner.missing_cpu_features(needed, _auxv(0x119FFB, 0)) == ["bf16", "i8mm", "sve", "sve2"]
+    assert board_runner.missing_cpu_features(needed, _auxv(0xECFFFFFB, 0x7F877FFF)) == []
+    assert board_runner.missing_cpu_features(needed, b"") == []  # no auxv: nothing to judge by
+
+
 def test_runner_refuses_a_tampered_bundle(tiny_bundle, tmp_path):
     copy = tmp_path / "tampered"
     shutil.copytree(tiny_bundle.path, copy)
@@ -360,6 +377,30 @@ def test_bf16_bundle_passes_on_the_board(bundle_factory, emulated_board):
     assert min(r.max_abs for r in board_rows) > 1e-4, report.to_markdown()
     print("bf16 on the board: " + ", ".join(f"T={r.length} cosine {r.cosine:.7f} max abs {r.max_abs:.2e}"
                                            for r in board_rows))
+
+
+@board
+@needs_cross
+def test_a_board_without_the_bundles_cpu_features_refuses_it(bundle_factory, monkeypatch):
+    """A Jetson AGX Thor build (SVE, i8mm, bf16 ...) on an ARMv8.0 core (qemu's
+    Cortex-A72): deploy and the shipped runner both name what the core lacks, instead of
+    the board's process dying of SIGILL at the first such instruction."""
+    bundle = bundle_factory(TINY_SPEC, "arm", precision="bf16", board="jetson-agx-thor")
+    assert bundle.manifest["target"]["cpu_features"] == ["bf16", "dotprod", "fullfp16", "i8mm", "sve", "sve2"]
+    monkeypatch.setenv(board_server.BOARD_CPU_ENV, "cortex-a72")
+    result = board_server.run_on_board(bundle.file("run_on_board.py"), runtime_only=True,
+                                       capture_output=True, text=True, timeout=600)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "this CPU has no bf16, dotprod, fullfp16, i8mm, sve, sve2" in result.stderr, result.stderr
+    if board_server.server_status("a72") is not None:
+        pytest.skip("a board RPC server named a72 is already running")
+    host, port = board_server.start_server(port=0, timeout=120, name="a72")
+    try:
+        with pytest.raises(DeployError, match=r"has no bf16, dotprod, fullfp16, i8mm, sve, sve2, so model.so "
+                                              r"would stop there with SIGILL"):
+            deploy(bundle, rpc=f"{host}:{port}", log=lambda m: None)
+    finally:
+        board_server.stop_server(name="a72")
 
 
 @board

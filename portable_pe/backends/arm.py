@@ -96,3 +96,13 @@ def export_library(executable, path, *, target_options: dict | None = None) -> N
 BACKEND = Backend(name="arm", tvm_target=tvm_target, relax_pipeline=llvm.relax_pipeline,
                   export_library=export_library, precisions=("fp32", "int8", "bf16"), for_precision=for_precision,
                   tuning_variant=tuning_variant)
+
+
+def cpu_features(target) -> list[str]:
+    """The optional aarch64 features (bundle/run_on_board.py HWCAP_OF_FEATURE) that code
+    built for ``target`` may use: the manifest records them, and a board without one is
+    refused before the bundle loads (deploy, run_on_board.py) instead of dying of SIGILL."""
+    from tvm.target.codegen import llvm_get_cpu_features
+    from ..bundle.run_on_board import HWCAP_OF_FEATURE
+    return sorted(set(llvm_get_cpu_features(target)) & set(HWCAP_OF_FEATURE))
+

@@ -61,6 +61,33 @@ def compare(ref, got, tol):
     return max_abs, (max_abs / scale if scale else max_abs), cosine, ok, why
 
 
+#: aarch64 features a bundle may be compiled to use (LLVM's names, which the manifest's
+#: target.cpu_features records) -> (auxv entry, bit): Linux's HWCAP/HWCAP2 bits
+#: (arch/arm64/include/uapi/asm/hwcap.h). A core without one of them stops the process
+#: with SIGILL at the first such instruction, so the bundle is refused before it loads.
+AT_HWCAP, AT_HWCAP2 = 16, 26
+HWCAP_OF_FEATURE = {
+    "fullfp16": (AT_HWCAP, 1 << 10),   # ASIMDHP: half-precision SIMD arithmetic
+    "dotprod": (AT_HWCAP, 1 << 20),    # ASIMDDP: sdot/udot
+    "sve": (AT_HWCAP, 1 << 22),
+    "sve2": (AT_HWCAP2, 1 << 1),
+    "i8mm": (AT_HWCAP2, 1 << 13),      # smmla
+    "bf16": (AT_HWCAP2, 1 << 14),      # bfdot/bfmmla
+}
+
+
+def missing_cpu_features(needed, auxv):
+    """The features of ``needed`` that the process whose /proc/self/auxv is ``auxv``
+    (bytes: pairs of native 64-bit words, type then value) lacks; [] when auxv has no
+    HWCAP entry (nothing to judge by)."""
+    import struct
+    words = dict(struct.iter_unpack("<QQ", auxv[: len(auxv) // 16 * 16]))
+    if AT_HWCAP not in words:
+        return []
+    return [f for f in needed if f in HWCAP_OF_FEATURE
+            and not words.get(HWCAP_OF_FEATURE[f][0], 0) & HWCAP_OF_FEATURE[f][1]]
+
+
 def load_vm(bundle, manifest):
     import tvm
     from tvm.runtime.vm import VirtualMachine  # works with the runtime-only TVM
@@ -68,6 +95,14 @@ def load_vm(bundle, manifest):
     if host and host != platform.machine():
         raise SystemExit(f"run_on_board: {bundle} was built for {host} ({manifest['target']['name']} target); "
                          f"this machine is {platform.machine()}")
+    needed = manifest["target"].get("cpu_features", [])
+    if needed and platform.machine() == "aarch64":
+        missing = missing_cpu_features(needed, Path("/proc/self/auxv").read_bytes())
+        if missing:
+            raise SystemExit(f"run_on_board: {bundle} was compiled for a CPU with {', '.join(needed)} "
+                             f"(board {manifest['target'].get('options', {}).get('board', '?')!r}); this CPU has no "
+                             f"{', '.join(missing)} (/proc/self/auxv), so it would stop at the first such "
+                             "instruction (SIGILL): compile with the --board this machine is")
     device = tvm.runtime.device(manifest["target"]["device"], 0)
     if not device.exist:
         raise SystemExit(f"run_on_board: the bundle needs a {manifest['target']['device']} device; none here")

@@ -11,6 +11,7 @@ import onnx
 
 from .. import __version__
 from ..backends import get_backend
+from ..backends.arm import cpu_features
 from ..backends.targets import target_arch, target_json
 from ..bundle.artifact import Bundle, BundleWriter
 from ..bundle.reference import write_cases
@@ -32,7 +33,8 @@ def manifest_of(st: CompileState) -> dict:
                   "spec": st.spec.to_dict() if st.spec else None},
         "encoding": st.spec.encoding if st.spec else get_metadata(st.model).get("encoding", "unknown"),
         "target": {"name": st.target.name, "device": st.target.device, "options": st.target_options,
-                   "tvm": target_json(st.tvm_target), "host_arch": target_arch(st.tvm_target)},
+                   "tvm": target_json(st.tvm_target), "host_arch": target_arch(st.tvm_target),
+                   **({"cpu_features": cpu_features(st.tvm_target)} if target_arch(st.tvm_target) == "aarch64" else {})},
         **st.io,
         "reference": {"source": "torch" if st.spec else "onnxruntime",
                       **({"model": "reference.onnx"} if st.reference_model is not None else {}),

@@ -154,6 +154,28 @@ def check_deployable(bundle: Bundle, board_arch: str | None, where: str) -> None
                           f"at {where} is {board_arch}: compile for the board (e.g. --target arm for aarch64)")
 
 
+def check_cpu_features(bundle: Bundle, session, where: str) -> None:
+    """Refuse a bundle compiled for aarch64 features (manifest target.cpu_features: a
+    --board's dot product, i8mm, bf16, SVE) that the board's cores lack, read from the RPC
+    server's /proc/self/auxv (what qemu-user emulates, too): its first such instruction
+    would kill the board's server with SIGILL and leave only a dropped connection."""
+    from ..bundle.run_on_board import missing_cpu_features
+    needed = bundle.manifest["target"].get("cpu_features", [])
+    if not needed:
+        return
+    try:
+        auxv = bytes(session.download("/proc/self/auxv"))
+    except Exception:  # an RPC server that refuses: nothing to judge by
+        return
+    missing = missing_cpu_features(needed, auxv)
+    if missing:
+        board = bundle.manifest["target"].get("options", {}).get("board", "?")
+        raise DeployError(f"bundle {bundle.path} was compiled for --board {board} (CPU features "
+                          f"{', '.join(needed)}); the board at {where} has no {', '.join(missing)}, so "
+                          "model.so would stop there with SIGILL: compile with the --board this board is "
+                          "(generic: NEON only)")
+
+
 class RemoteRunner:
     """model.so loaded into a Relax VM on the board; same call as runtime.LocalRunner.run."""
 
@@ -211,6 +233,7 @@ def _run_on_board(bundle: Bundle, session, where: str, log) -> ParityReport:
     arch = remote_arch(session)
     log(f"connected to {where} ({arch or 'architecture unknown'})")
     check_deployable(bundle, arch, where)
+    check_cpu_features(bundle, session, where)
     log(f"uploading {bundle.file('model.so')}")
     runner = RemoteRunner(session, bundle, where)
     runs: dict[str, dict[str, np.ndarray]] = {}
