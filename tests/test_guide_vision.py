@@ -13,14 +13,17 @@ from portable_pe.guide.report import fmt_ms, fmt_pct
 from portable_pe.guide.vision import LITTLE, render, resolve, run_vision_guide, verdict
 
 DATA = Path(__file__).parent / "data"
-GRAPHS = [str(DATA / "guide" / "tiny_vit_none.toml"), str(DATA / "vision" / "tiny_vit_rope_2d.toml")]
+GRAPHS = [str(DATA / "guide" / "tiny_vit_none.toml"), str(DATA / "vision" / "tiny_vit_rope_2d.toml"),
+          str(DATA / "guide" / "tiny_video_none.toml"), str(DATA / "vision" / "tiny_video_mrope.toml")]
 SIZES = ("24x48", "32x32", "32x30")  # the last not whole 8-pixel patches: refused
+VIDEO_SIZES = ("4x24x32", "6x16x16")
 
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("guide_vision")
-    return out, run_vision_guide(graphs=GRAPHS, sizes=SIZES, batches=(1,), out=out, repeat=2, log=lambda m: None)
+    return out, run_vision_guide(graphs=GRAPHS, sizes=SIZES, video_sizes=VIDEO_SIZES, batches=(1,), out=out, repeat=2,
+                                 log=lambda m: None)
 
 
 def test_the_report_is_the_jsons_and_names_a_refusal_in_the_runtimes_words(tiny_run):
@@ -47,6 +50,27 @@ def test_the_report_is_the_jsons_and_names_a_refusal_in_the_runtimes_words(tiny_
     assert result["claim"]["verdict"] in ("holds", "partly holds", "does not hold") and result["claim"]["claim"] in md
 
 
+def test_the_video_graph_is_timed_and_checked_against_its_own_no_position_twin(tiny_run):
+    """3D M-RoPE against a video ViT without positions, at frames x H x W sizes, from one
+    build each; its measured cost is part of the claim's row."""
+    out, result = tiny_run
+    video = result["video"]
+    assert video["baseline"] == "tiny_video_none" and [g["name"] for g in video["graphs"]] == ["tiny_video_none",
+                                                                                                 "tiny_video_mrope"]
+    cells = {(r["graph"], r["size"]): r for r in video["llvm"]["latency"]}
+    assert set(cells) == {(g, s) for g in ("tiny_video_none", "tiny_video_mrope") for s in VIDEO_SIZES}
+    assert all(r["ok"] for r in cells.values()), cells
+    md = (out / "guide_vision.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| tiny_video_mrope ("))
+    mrope, none = cells[("tiny_video_mrope", "4x24x32")], cells[("tiny_video_none", "4x24x32")]
+    assert f"{fmt_ms(mrope['median_ms'])} ({fmt_pct(mrope['median_ms'] / none['median_ms'] - 1)})" in row
+    profile = {p["graph"]: p for p in video["llvm"]["profile"] if p["size"] == "4x24x32"}
+    assert profile["tiny_video_mrope"]["added"], "M-RoPE's tables and rotation are kernels the baseline lacks"
+    parity = {p["graph"]: p for p in video["llvm"]["parity"]}
+    assert parity["tiny_video_mrope"]["ok"] and set(parity["tiny_video_mrope"]["sizes"]) == set(VIDEO_SIZES)
+    assert result["claim"]["measured"]["tiny_video_mrope"].endswith("vs no positions")
+
+
 def _result(latencies: dict, parity_ok: bool = True) -> dict:
     """A result holding only what verdict() reads: {graph: [ms per size]} at batch 1."""
     sizes = ["224x224", "384x384"]
@@ -66,13 +90,15 @@ def test_the_verdict_follows_its_rule():
     assert verdict(_result({"vit_none": [10, 30]}))["verdict"] == "not measured"
 
 
-def test_video_and_text_graphs_are_refused_and_the_baseline_is_added():
-    with pytest.raises(ValueError, match="video graph"):
-        resolve([str(DATA / "vision" / "tiny_video_mrope.toml")])
+def test_text_graphs_are_refused_and_each_kind_gets_its_baseline():
     with pytest.raises(ValueError, match="not a vision graph"):
         resolve([str(DATA / "tiny_rope.toml")])
-    sources, baseline = resolve([str(DATA / "vision" / "tiny_vit_rope_2d.toml")])
+    video = str(DATA / "vision" / "tiny_video_mrope.toml")
+    assert resolve([video]) == ({}, None)  # no image graph given
+    sources, baseline = resolve([str(DATA / "vision" / "tiny_vit_rope_2d.toml"), video])
     assert baseline == "vit_none" and list(sources) == ["vit_none", "tiny_vit_rope_2d"]
+    sources, baseline = resolve([video], video=True)
+    assert baseline == "video_none" and list(sources) == ["video_none", "tiny_video_mrope"]
 
 
 def _npu_result(rows: dict) -> dict:

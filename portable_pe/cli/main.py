@@ -357,15 +357,16 @@ def cmd_guide(args) -> int:
     if args.from_json:
         print(f"wrote {render_from(Path(args.from_json), args.out)}")
         return 0
-    for option, given in (("--sizes", args.sizes), ("--npu-sizes", args.npu_sizes)):
+    for option, given in (("--sizes", args.sizes), ("--npu-sizes", args.npu_sizes), ("--video-sizes", args.video_sizes)):
         if given and not args.vision:
             raise ValueError(f"{option} is for the vision section: add --vision (the text guide takes --lengths)")
     if args.vision:
-        from ..guide.vision import DEFAULT_SIZES, run_vision_guide
+        from ..guide.vision import DEFAULT_SIZES, DEFAULT_VIDEO_SIZES, run_vision_guide
         run_vision_guide(graphs=args.graphs, sizes=tuple(args.sizes.split(",")) if args.sizes else DEFAULT_SIZES,
                          batches=tuple(args.batch), out=args.out or Path("dist/guide"), threads=args.threads,
                          repeat=args.repeat, targets=tuple((args.targets or "llvm").split(",")),
                          npu_sizes=tuple(args.npu_sizes.split(",")) if args.npu_sizes else None,
+                         video_sizes=tuple(args.video_sizes.split(",")) if args.video_sizes else DEFAULT_VIDEO_SIZES,
                          command="portable-pe " + " ".join(sys.argv[1:]), log=lambda m: print(m, flush=True))
         return 0
     from ..guide import GUIDE_TARGETS

@@ -241,9 +241,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-work", action="store_true", help="keep the bundles and vendor builds (out/work)")
     p.add_argument("--from", dest="from_json", metavar="GUIDE_JSON", help="measure nothing: render a guide.json again")
     p.add_argument("--vision", action="store_true",
-                   help="the vision section instead: each shipped 2D image encoding against a no-position ViT on "
-                        "llvm, at --sizes (writes guide_vision.md and guide_vision.json)")
+                   help="the vision section instead: each shipped 2D image encoding against a no-position ViT "
+                        "on llvm at --sizes, and the 3D video encoding against a no-position video ViT at "
+                        "--video-sizes (writes guide_vision.md and guide_vision.json)")
     p.add_argument("--sizes", help="with --vision: image sizes HxW, comma-separated (default 224x224,448x448,672x672)")
+    p.add_argument("--video-sizes", help="with --vision: video sizes FxHxW (frames, pixels), comma-separated "
+                                         "(default 4x224x224,8x224x224,16x224x224)")
     p.add_argument("--npu-sizes", help="with --vision --targets ...,npu-ethos-u: the Vela builds' image sizes HxW "
                                        "(default 112x112,224x224,336x336)")
 

@@ -13,8 +13,11 @@
 With `npu-ethos-u` among the targets, the same graphs also go through Vela at the NPU sizes
 (vision_npu.py): placement, Vela's estimate and the position cost on Ethos-U85 and U55.
 
-Not in this section: the video graph (its input has frames, and it has no no-position twin
-here), and RKNN (no time estimate; `scripts/npu_rknn_table.py --vision` is its table).
+The video graphs (graphs/vision/video_mrope.toml: 3D M-RoPE over frames, rows and columns)
+go the same way on llvm against their own no-position twin (graphs/baselines/video_none.toml)
+at the video sizes (frames x H x W). Not in this section: video on the NPUs (Vela has no
+CONV_3D; a video stem fixed to one size becomes a Conv2d, vision.py's stem, but is not
+priced here), and RKNN (no time estimate; `scripts/npu_rknn_table.py --vision` is its table).
 The Swin graph's attention is windowed, not only its encoding: its latency is shown, but no
 position work (a profile against the global-attention baseline would charge the windows to
 the encoding).
@@ -28,34 +31,44 @@ from pathlib import Path
 from typing import Callable
 
 BASELINE = "vit_none"
+VIDEO_BASELINE = "video_none"
+#: frames x H x W: 196 patches per 2-frame tubelet slice, 2, 4 and 8 slices
+DEFAULT_VIDEO_SIZES = ("4x224x224", "8x224x224", "16x224x224")
 #: whole 7-patch windows for the Swin graph (multiples of 112 pixels), as well as whole patches
 DEFAULT_SIZES = ("224x224", "448x448", "672x672")
 WINDOWED = "window_rel_bias_2d"
 CLAIM = ("Multi-dimensional position encodings (the article's first future direction) can be "
-         "first-class on CPUs: one build per encoding for every image size, at little cost over no positions")
-#: the cost the claim calls little: latency within this fraction of the no-position ViT's
+         "first-class on CPUs: one build per encoding for every image or video size, at little cost over no positions")
+#: the cost the claim calls little: latency within this fraction of the no-position twin's
 LITTLE = 0.10
-RULE = (f"holds when every 2D encoding's one build runs and matches PyTorch at every size and its "
-        f"latency is within +{LITTLE:.0%} of the no-position ViT's at every size and batch; partly holds "
-        f"when all run and match but some cost more; does not hold when one does not build, run or match")
+RULE = (f"holds when every 2D and 3D encoding's one build runs and matches PyTorch at every size and its "
+        f"latency is within +{LITTLE:.0%} of its no-position twin's (the ViT's, the video ViT's) at every size "
+        f"and batch; partly holds when all run and match but some cost more; does not hold when one does not "
+        f"build, run or match")
 
 
-def resolve(names: list[str] | None) -> tuple[dict[str, str], str]:
-    """(name -> source, the baseline's name): the no-position graph first (vit_none unless one
-    is given), then the given graphs (default: every shipped image graph). Video graphs are
-    refused: this section times images."""
+def resolve(names: list[str] | None, *, video: bool = False) -> tuple[dict[str, str], str | None]:
+    """(name -> source, the baseline's name) for the image graphs among `names` (default:
+    every shipped image graph), or with `video` for the video graphs (default: every
+    shipped one): the no-position graph first (vit_none / video_none unless one is given),
+    then the others. ({}, None) when `names` holds none of that kind; a graph that is not a
+    vision graph is refused."""
     from ..spec.graphs import VISION_GRAPHS, load_graph
     given = {}
-    for source in names or [n for n in VISION_GRAPHS if not load_graph(n).vision.video]:
+    for source in names or list(VISION_GRAPHS):
         spec = load_graph(source)
-        if spec.vision is None or spec.vision.video:
-            raise ValueError(f"guide --vision times image graphs; {source!r} is "
-                             f"{'a video graph' if spec.vision else 'not a vision graph'}")
+        if spec.vision is None:
+            raise ValueError(f"guide --vision times image and video graphs; {source!r} is not a vision graph")
+        if spec.vision.video != video:
+            continue
         if spec.name in given:
             raise ValueError(f"graph name {spec.name!r} is given twice; the guide needs one graph per name")
         given[spec.name] = (source, spec)
-    baseline = next((n for n, (_, spec) in given.items() if spec.encoding == "none"), BASELINE)
-    sources = {baseline: given[baseline][0] if baseline in given else BASELINE}
+    if not given:
+        return {}, None
+    default = VIDEO_BASELINE if video else BASELINE
+    baseline = next((n for n, (_, spec) in given.items() if spec.encoding == "none"), default)
+    sources = {baseline: given[baseline][0] if baseline in given else default}
     sources.update({n: source for n, (source, _) in given.items() if n != baseline})
     return sources, baseline
 
@@ -114,29 +127,42 @@ def measure(sources: dict[str, str], *, baseline: str, unprofiled: set[str], siz
             "latency": latency, "profile": profiles, "parity": parity}
 
 
+def _groups(result: dict) -> list[tuple[list[dict], str, dict, list[str]]]:
+    """(graphs, baseline, llvm measurements, sizes) of the image part and the video part."""
+    groups = []
+    if "llvm" in result:
+        groups.append((result["graphs"], result["baseline"], result["llvm"], result["settings"]["sizes"]))
+    video = result.get("video")
+    if video and "llvm" in video:
+        groups.append((video["graphs"], video["baseline"], video["llvm"], video["sizes"]))
+    return groups
+
+
 def verdict(result: dict) -> dict:
     """The claim's row: what was measured and the verdict by RULE."""
-    base = result["baseline"]
-    rows = {(r["graph"], r["batch"], r["size"]): r for r in result["llvm"]["latency"]}
-    parity = {p["graph"]: p for p in result["llvm"]["parity"]}
-    encoders = [g for g in result["graphs"] if g["name"] != base and g["encoding"] != WINDOWED]
-    measured, failed, costly = {}, [], []
-    for g in encoders:
-        over = []
-        for size in result["settings"]["sizes"]:
-            for batch in result["settings"]["batches"]:
-                mine, none = rows.get((g["name"], batch, size)), rows.get((base, batch, size))
-                if not (mine and mine["ok"] and none and none["ok"]):
-                    failed.append(f"{g['name']} at {size} B={batch}")
-                    continue
-                over.append(mine["median_ms"] / none["median_ms"] - 1)
-        if not parity.get(g["name"], {}).get("ok"):
-            failed.append(f"{g['name']}: parity")
-        if over:
-            worst = max(over)
-            measured[g["name"]] = f"{100 * min(over):+.0f}% to {100 * worst:+.0f}% vs no positions"
-            if worst > LITTLE:
-                costly.append(g["name"])
+    measured, failed, costly, encoders = {}, [], [], 0
+    for graphs, base, llvm, sizes in _groups(result):
+        rows = {(r["graph"], r["batch"], r["size"]): r for r in llvm["latency"]}
+        parity = {p["graph"]: p for p in llvm["parity"]}
+        for g in graphs:
+            if g["name"] == base or g["encoding"] == WINDOWED:
+                continue
+            encoders += 1
+            over = []
+            for size in sizes:
+                for batch in result["settings"]["batches"]:
+                    mine, none = rows.get((g["name"], batch, size)), rows.get((base, batch, size))
+                    if not (mine and mine["ok"] and none and none["ok"]):
+                        failed.append(f"{g['name']} at {size} B={batch}")
+                        continue
+                    over.append(mine["median_ms"] / none["median_ms"] - 1)
+            if not parity.get(g["name"], {}).get("ok"):
+                failed.append(f"{g['name']}: parity")
+            if over:
+                worst = max(over)
+                measured[g["name"]] = f"{100 * min(over):+.0f}% to {100 * worst:+.0f}% vs no positions"
+                if worst > LITTLE:
+                    costly.append(g["name"])
     if not encoders:
         return {"claim": CLAIM, "measured": measured, "verdict": "not measured", "rule": RULE}
     outcome = "does not hold" if failed else "partly holds" if costly else "holds"
@@ -152,6 +178,7 @@ VISION_TARGETS = ("llvm", "npu-ethos-u")
 def run_vision_guide(*, graphs: list[str] | None = None, sizes: tuple[str, ...] = DEFAULT_SIZES,
                      batches: tuple[int, ...] = (1,), out: Path = Path("dist/guide"), threads: int = 2,
                      repeat: int = 5, targets: tuple[str, ...] = ("llvm",), npu_sizes: tuple[str, ...] | None = None,
+                     video_sizes: tuple[str, ...] = DEFAULT_VIDEO_SIZES,
                      command: str = "portable-pe guide --vision", log: Callable[[str], None] = print) -> dict:
     """Measure on `targets` (VISION_TARGETS); write out/guide_vision.json and
     out/guide_vision.md; return the result."""
@@ -168,31 +195,42 @@ def run_vision_guide(*, graphs: list[str] | None = None, sizes: tuple[str, ...] 
                          f"scripts/npu_rknn_table.py --vision)")
     npu_sizes = tuple(npu_sizes or vision_npu.NPU_SIZES)
     sources, baseline = resolve(graphs)
+    video_sources, video_baseline = resolve(graphs, video=True) if "llvm" in targets else ({}, None)
     specs = {n: load_graph(s) for n, s in sources.items()}
+    video_specs = {n: load_graph(s) for n, s in video_sources.items()}
     start = time.perf_counter()
     work = out / "work-vision"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    log(f"guide --vision: {len(sources)} graphs ({', '.join(sources)}), sizes {', '.join(sizes)}, "
+    log(f"guide --vision: {len(sources)} image graphs ({', '.join(sources)}), sizes {', '.join(sizes)}; "
+        f"{len(video_sources)} video graphs ({', '.join(video_sources)}), sizes {', '.join(video_sizes)}; "
         f"batches {', '.join(map(str, batches))} -> {out}")
     result = {"command": command, "baseline": baseline,
               "graphs": [{"name": n, "encoding": s.encoding, "tokens_before_patches": s.vision.prefix,
                           "description": s.description} for n, s in specs.items()],
+              **({"video": {"baseline": video_baseline, "sizes": list(video_sizes),
+                            "graphs": [{"name": n, "encoding": s.encoding, "tokens_before_patches": s.vision.prefix,
+                                        "description": s.description} for n, s in video_specs.items()]}}
+                 if video_sources else {}),
               "settings": {"sizes": list(sizes), "batches": list(batches), "threads": threads, "repeat": repeat,
                            "targets": list(targets), "npu_sizes": list(npu_sizes), "machine": _machine()},
               "versions": {"portable_pe": __version__, "tvm": tvm.__version__}}
     windowed = {n for n, s in specs.items() if s.encoding == WINDOWED}
     try:
-        if "llvm" in targets:
+        if "llvm" in targets and sources:
             result["llvm"] = measure(sources, baseline=baseline, sizes=sizes, batches=batches, threads=threads,
                                      unprofiled=windowed, repeat=repeat, work_dir=work, log=log)
-        if "npu-ethos-u" in targets:
+        if video_sources:
+            result["video"]["llvm"] = measure(video_sources, baseline=video_baseline, sizes=video_sizes,
+                                              batches=batches, threads=threads, unprofiled=set(), repeat=repeat,
+                                              work_dir=work / "video", log=log)
+        if "npu-ethos-u" in targets and sources:
             result["npu_ethos_u"] = vision_npu.measure(specs, baseline=baseline, unpriced=windowed, sizes=npu_sizes,
                                                        work_dir=work / "ethos-u", log=log)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result["seconds"] = time.perf_counter() - start
-    if "llvm" in result:
+    if _groups(result):
         result["claim"] = verdict(result)
     if "npu_ethos_u" in result:
         result["npu_claim"] = vision_npu.verdict(result, little=LITTLE, windowed=WINDOWED)
@@ -207,33 +245,41 @@ def run_vision_guide(*, graphs: list[str] | None = None, sizes: tuple[str, ...] 
 def render(result: dict) -> str:
     """guide_vision.md from the result alone."""
     from . import vision_npu
+    from .report import claims_table
     s = result["settings"]
     lines = ["# portable-pe guide --vision", "",
              f"`{result['command']}` on {s['machine']}, {s['threads']} threads; portable-pe "
              f"{result['versions']['portable_pe']}, TVM {result['versions']['tvm']}. Every graph: d=256, 4 heads, "
-             "4 layers, 16-pixel patches.", ""]
+             "4 layers, 16-pixel patches (video: 2-frame x 16 x 16 tubelets).", ""]
+    if "claim" in result:
+        c = result["claim"]
+        lines += ["One llvm build per graph, run at every size.", "", "## The claim", ""]
+        lines += claims_table([c]) + [f"Rule: {c['rule']}.", ""]
     if "llvm" in result:
-        lines += _render_llvm(result)
+        lines += _render_llvm(result["graphs"], result["baseline"], result["llvm"], s["sizes"], s["batches"],
+                              twin="the no-position ViT's", title="")
+    video = result.get("video")
+    if video and "llvm" in video:
+        lines += _render_llvm(video["graphs"], video["baseline"], video["llvm"], video["sizes"], s["batches"],
+                              twin="the no-position video ViT's", title="video (frames x H x W), ")
     if "npu_ethos_u" in result:
         lines += vision_npu.render(result, result["graphs"])
     return "\n".join(lines)
 
 
-def _render_llvm(result: dict) -> list[str]:
-    from .report import _table, claims_table, fmt_ms, fmt_pct
-    s, base = result["settings"], result["baseline"]
-    rows = {(r["graph"], r["batch"], r["size"]): r for r in result["llvm"]["latency"]}
-    lines = ["One llvm build per graph, run at every size.", "", "## The claim", ""]
-    c = result["claim"]
-    lines += claims_table([c]) + [f"Rule: {c['rule']}.", ""]
-    for batch in s["batches"]:
-        lines += [f"## llvm latency, B={batch}", "",
-                  "Median ms per run, graphs timed round-robin on the same image; in brackets: / the no-position "
-                  "ViT's - 1. Tokens: patches + CLS (+ registers).", ""]
+def _render_llvm(graphs: list[dict], base: str, llvm: dict, sizes: list[str], batches: list[int], *,
+                 twin: str, title: str) -> list[str]:
+    from .report import _table, fmt_ms, fmt_pct
+    rows = {(r["graph"], r["batch"], r["size"]): r for r in llvm["latency"]}
+    lines = []
+    for batch in batches:
+        lines += [f"## llvm latency, {title}B={batch}", "",
+                  f"Median ms per run, graphs timed round-robin on the same input; in brackets: / {twin} - 1. "
+                  "Tokens: patches + CLS (+ registers).", ""]
         table = []
-        for g in result["graphs"]:
+        for g in graphs:
             cells = []
-            for size in s["sizes"]:
+            for size in sizes:
                 r, none = rows.get((g["name"], batch, size)), rows.get((base, batch, size))
                 if r is None or not r["ok"]:
                     cells.append(f"refused: {r['error']}" if r else "")
@@ -241,25 +287,26 @@ def _render_llvm(result: dict) -> list[str]:
                 ratio = r["median_ms"] / none["median_ms"] - 1 if none and none["ok"] and g["name"] != base else None
                 cells.append(fmt_ms(r["median_ms"]) + (f" ({fmt_pct(ratio)})" if ratio is not None else ""))
             table.append([f"{g['name']} ({g['encoding']})", *cells])
-        lines += _table(["graph", *s["sizes"]], table)
-    lines += ["## llvm position work, B=1", "",
-              "The kernels each graph adds or changes against the no-position ViT's (matched by structural "
-              "hash), minus those they replace, from a per-kernel profile: ms per run (share of the run). The "
-              "windowed Swin is not profiled: its attention differs from the baseline's, not only its encoding.", ""]
-    prof = {(p["graph"], p["size"]): p for p in result["llvm"]["profile"]}
+        lines += _table(["graph", *sizes], table)
+    lines += [f"## llvm position work, {title}B=1", "",
+              f"The kernels each graph adds or changes against {twin[:-2]} (matched by structural "
+              "hash), minus those they replace, from a per-kernel profile: ms per run (share of the run)."
+              + (" The windowed Swin is not profiled: its attention differs from the baseline's, not only its "
+                 "encoding." if any(g["encoding"] == WINDOWED for g in graphs) else ""), ""]
+    prof = {(p["graph"], p["size"]): p for p in llvm["profile"]}
     table = []
-    for g in result["graphs"]:
+    for g in graphs:
         if g["name"] == base or g["encoding"] == WINDOWED:
             continue
         cells = []
-        for size in s["sizes"]:
+        for size in sizes:
             p = prof.get((g["name"], size))
             cells.append(f"{fmt_ms(p['position_ms'])} ({fmt_pct(p['position_share'])})" if p else "n/a")
         table.append([g["name"], *cells])
-    lines += _table(["graph", *s["sizes"]], table)
-    lines += ["## Parity against PyTorch (llvm, every size from one build)", ""]
+    lines += _table(["graph", *sizes], table)
+    lines += [f"## Parity against PyTorch (llvm, {title}every size from one build)", ""]
     table = [[p["graph"], "ok" if p["ok"] else "FAIL",
               ", ".join(f"{k}: {v['max_abs']:.1e}" for k, v in p["sizes"].items()) or "no size"]
-             for p in result["llvm"]["parity"]]
+             for p in llvm["parity"]]
     lines += _table(["graph", "verdict", "max abs per size"], table, "|---|---|---|")
     return lines
