@@ -37,6 +37,7 @@ import re
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -224,6 +225,29 @@ def _port_open(host: str, port: int, timeout: float = 1.0) -> bool:
         return False
 
 
+# TVM's RPC handshake (tvm/rpc/base.py; no TVM import here): the client sends RPC_MAGIC and
+# a "client:<matchkey>" key; a server whose key differs answers one int32 code and
+# carries on. The probe's key is one no server holds.
+_RPC_MAGIC = 0xFF271
+_PROBE_KEY = b"client:portable-pe-readiness-probe"
+
+
+def _rpc_server_answers(host: str, port: int, timeout: float = 1.0, answer_timeout: float = 1.0) -> bool:
+    """Whether a TVM RPC server answers the handshake at host:port (it replies 'key
+    mismatch' to the probe's key). Not a bare connect-and-close: a server registered with
+    a tracker takes a connection that closes mid-handshake as a network error, drops its
+    tracker connection and registers again, and a tracker client that asks in between
+    finds no board (seen: `tune --rpc-tracker` answered "registered keys: none" right
+    after both boards of the tracker test had registered)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.settimeout(answer_timeout)
+            sock.sendall(struct.pack("<ii", _RPC_MAGIC, len(_PROBE_KEY)) + _PROBE_KEY)
+            return len(sock.recv(4)) == 4
+    except OSError:
+        return False
+
+
 def _free_port(host: str = HOST) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
@@ -255,7 +279,7 @@ def server_status(name: str = "") -> dict | None:
         p.state_file.unlink(missing_ok=True)
         return None
     state["pid"] = pid
-    state["accepting"] = bool(state.get("port")) and _port_open(state.get("host", HOST), state["port"])
+    state["accepting"] = bool(state.get("port")) and _rpc_server_answers(state.get("host", HOST), state["port"])
     return state
 
 
@@ -314,7 +338,8 @@ def start_server(port: int = DEFAULT_PORT, timeout: float = DEFAULT_TIMEOUT, qui
                 f"board RPC server exited with code {rc} before listening on {HOST}:{port}. "
                 f"Log {p.log_file}:\n{_log_tail(p.log_file)}"
             )
-        if _port_open(HOST, port, timeout=0.5):
+        # the server under qemu may take seconds to answer once it listens
+        if _rpc_server_answers(HOST, port, timeout=0.5, answer_timeout=30):
             break
         if time.monotonic() - t0 > timeout:
             _kill_group(proc.pid)

@@ -20,7 +20,7 @@ from portable_pe.cli.main import main as cli
 from portable_pe.tune.tracker import TrackerError, boards_under
 from portable_pe.tune.database import database_dir
 
-from conftest import TINY_SPEC
+from conftest import TINY_SPEC, load_script
 from test_deploy import free_port, needs_cross, stop, wait_listening
 
 pytestmark = pytest.mark.integration  # run by scripts/test.sh after the default run (pyproject.toml)
@@ -137,6 +137,45 @@ def runner_for(tracker_port: int, key: str, **options):
 
 
 # ---------------------------------------------------------------- before any tuning
+def test_the_board_servers_readiness_probe_speaks_the_rpc_handshake():
+    """scripts/board_server.py waits for its server with TVM's handshake and a key no server
+    holds, not a bare connect-and-close (which a tracker-registered TVM server takes as a
+    network error: it leaves the tracker and registers again, and a client asking in
+    between finds no board)."""
+    from tvm.rpc import base
+    board_server = load_script("board_server")
+    for answer in (struct.pack("<i", base.RPC_CODE_MISMATCH), b""):
+        listener = socket.create_server(("127.0.0.1", 0))
+        got = {}
+
+        def serve():
+            conn, _ = listener.accept()
+            with conn:
+                magic, keylen = struct.unpack("<ii", base.recvall(conn, 8))
+                got.update(magic=magic, key=base.recvall(conn, keylen).decode())
+                conn.sendall(answer)
+        worker = threading.Thread(target=serve)
+        worker.start()
+        answered = board_server._rpc_server_answers("127.0.0.1", listener.getsockname()[1], answer_timeout=10)
+        worker.join()
+        listener.close()
+        assert got["magic"] == base.RPC_MAGIC and got["key"].startswith("client:")
+        assert answered is bool(answer)  # no answer (the listener closed): not ready
+
+
+def test_a_tracker_registered_server_answers_the_probe_and_stays_registered(tracker):
+    board_server = load_script("board_server")
+    address, port = f"127.0.0.1:{tracker}", free_port()
+    server = start_tvm("tvm.exec.rpc_server", port, "--tracker", address, "--key", "probed")
+    try:
+        wait_for_boards(address, "probed", 1)
+        for _ in range(5):
+            assert board_server._rpc_server_answers("127.0.0.1", port, answer_timeout=30)
+            assert boards_under(address, "probed", timeout=10) == [f"127.0.0.1:{port}"]
+    finally:
+        stop(server)
+
+
 def test_tracker_that_is_down_is_a_clear_error_at_once(capsys):
     port = free_port()
     rc = cli(["tune", str(TINY_SPEC), "--rpc-tracker", f"127.0.0.1:{port}", "--rpc-key", "board"])
