@@ -18,6 +18,7 @@ branches on its kind:
     check_tunable(target)                                   what MetaSchedule needs, or an error
     fusion_passes(target)            -> list of passes      the kernels tuning extracts
     build_candidate(mod, target)                            one tuning candidate's build
+    build(mod, target, pipeline)     -> the compile's executable (tvm.compile; cuda: in the target's scope)
 
 Backends read the CompileState and never write to it: what they make goes back to the
 stage as an Added record (compile/state.py), which the stage list records.

@@ -48,6 +48,11 @@ def _compile(mod, target):
     return tvm.compile(mod, target=target)
 
 
+def _build(mod, target, pipeline):
+    import tvm
+    return tvm.compile(mod, target=target, relax_pipeline=pipeline)
+
+
 @dataclass(frozen=True)
 class Backend:
     name: str
@@ -64,3 +69,4 @@ class Backend:
     check_tunable: Callable = needs_core_count
     fusion_passes: Callable = _cpu_fusion_passes
     build_candidate: Callable = _compile
+    build: Callable = _build

@@ -40,25 +40,38 @@ def _host_spec():
 def fusion_passes(target) -> list:
     """Everything before scheduling in TVM's CUDA pipeline: the kernels tuning extracts
     and the tuning database is keyed by (their structural hashes)."""
-    return [*_tvm_cuda().library_dispatch_passes(target), *_tvm_legalize(target)[0]]
+    from ..cpu_schedule.dim_vars import WithNamedDims
+    # a pixel graph's token count (H // P * (W // P) + extras) as one variable, as on CPU
+    # (dim_vars): dlight's rules cannot bind loops over the expression
+    return [WithNamedDims([*_tvm_cuda().library_dispatch_passes(target), *_tvm_legalize(target)[0]])]
 
 
 def relax_pipeline(target, precision: str = "fp32"):
-    """TVM's CUDA pipeline with the tuning database applied before its dlight GPU rules
-    (Matmul, GEMV, Reduction, GeneralReduction, Fallback), which then schedule every
-    kernel the database has nothing for, so every loop is bound to blocks/threads. An
+    """TVM's CUDA pipeline with the tuning database applied before the GPU schedule rules
+    (dlight's Matmul, GEMV, Reduction, GeneralReduction, Fallback, each falling through to
+    the next when it fails on a kernel, then cuda_rules.BindSpatialLoops), which schedule
+    every kernel the database has nothing for, so every loop is bound to blocks/threads. An
     unbound kernel fails the build ("Did you forget to bind?"), so a build that succeeds
-    is bound."""
+    is bound. The pass's report() names the kernels that fell through (manifest
+    "cuda_schedules")."""
     from ..cpu_schedule.pipeline import ApplyTuningDatabase
+    from .cuda_rules import FallThroughLog, GPUSchedule
     cuda = _tvm_cuda()
 
     @tvm.transform.module_pass(opt_level=0, name="PortablePECUDAPipeline")
-    def _pipeline(mod, _ctx):
-        fuse, dlight = _tvm_legalize(target)
-        with target:
-            return tvm.transform.Sequential([*cuda.library_dispatch_passes(target), *fuse, ApplyTuningDatabase, dlight,
-                                             *cuda.dataflow_lower_passes(target), *cuda.finalize_passes(target)])(mod)
-    return _pipeline
+    class _Pipeline:
+        def __init__(self):
+            self.log = FallThroughLog()
+
+        def report(self) -> dict:
+            return {"cuda_schedules": {"fell_through": self.log.to_manifest()}} if self.log.failures else {}
+
+        def transform_module(self, mod, _ctx):
+            with target:
+                return tvm.transform.Sequential([*fusion_passes(target), ApplyTuningDatabase,
+                                                 GPUSchedule(self.log), *cuda.dataflow_lower_passes(target),
+                                                 *cuda.finalize_passes(target)])(mod)
+    return _Pipeline()
 
 
 def _tvm_cuda():
@@ -67,7 +80,8 @@ def _tvm_cuda():
 
 
 def _tvm_legalize(target):
-    """TVM's CUDA legalize passes split before their last one, the dlight schedules."""
+    """TVM's CUDA legalize passes split before their last one, the dlight schedules
+    (which cuda_rules.default_schedule replaces with the same rules, falling through)."""
     *fuse, dlight = _tvm_cuda().legalize_passes(target)
     if "ApplyDefaultSchedule" not in str(dlight.info.name):
         raise RuntimeError(f"TVM's CUDA legalize passes no longer end with dlight's ApplyDefaultSchedule "
@@ -101,8 +115,23 @@ def finalize(state):
     from ..compile.state import Added
     source = cuda_source(state.executable)
     state.dump("06-kernels.cu", source)
+    code = kernel_code()
+    if code == "source":
+        state.log(f"  kernels kept as CUDA source: {SOURCE_ONLY}")
     return Added(report={"cuda": {"arch": str(state.tvm_target.arch), "kernels": sorted(kernel_names(source)),
-                                  "source_sha256": hashlib.sha256(source.encode()).hexdigest()}})
+                                  "kernel_code": code, "source_sha256": hashlib.sha256(source.encode()).hexdigest()}})
+
+
+#: why a bundle built without TVM's CUDA runtime holds kernel source, and what that means
+SOURCE_ONLY = ("TVM here has no CUDA runtime (no NVIDIA driver), so nvcc was not run on them; a runtime-only TVM "
+               "on the GPU machine cannot load this bundle. Compile on a machine with the NVIDIA driver (the GPU "
+               "machine, or a build machine with the driver installed) for kernels in the bundle")
+
+
+def kernel_code() -> str:
+    """What a build's model.so holds for its kernels: "binary" (nvcc or NVRTC ran, through
+    TVM's CUDA runtime, which needs the driver's libcuda) or "source" (CUDA C only)."""
+    return "binary" if tvm.runtime.enabled("cuda") else "source"
 
 
 def tuning_variant(options: dict, target) -> str:
@@ -121,18 +150,33 @@ def check_tunable(target) -> None:
                          "build machine with one) and point --rpc-tracker at the GPUs")
 
 
-def build_candidate(mod, target):
-    """A tuning candidate: TVM compiles its kernels through tvm_callback_cuda_compile, whose
-    default (NVRTC) needs the cuda-bindings package; use nvcc when it is on PATH and no
-    compiler was asked for (TVM_CUDA_COMPILE_MODE)."""
+def _use_nvcc() -> None:
+    """TVM compiles CUDA kernels through tvm_callback_cuda_compile, whose default (NVRTC)
+    needs the cuda-bindings package; use nvcc when it is on PATH and no compiler was asked
+    for (TVM_CUDA_COMPILE_MODE)."""
     import os
     import shutil
     if shutil.which("nvcc") and "TVM_CUDA_COMPILE_MODE" not in os.environ:
         os.environ["TVM_CUDA_COMPILE_MODE"] = "nvcc"
+
+
+def build(mod, target, pipeline):
+    """The compile's build, inside the target's scope: the kernel compiler takes the SM
+    arch from the target in scope, and without one nvcc fails ("No CUDA architecture was
+    specified or GPU detected") or, on a GPU box, builds for the local GPU instead of
+    --arch."""
+    _use_nvcc()
+    with target:
+        return tvm.compile(mod, target=target, relax_pipeline=pipeline)
+
+
+def build_candidate(mod, target):
+    """A tuning candidate, built as the compile builds (build)."""
+    _use_nvcc()
     with target:
         return tvm.compile(mod, target=target)
 
 
 BACKEND = Backend(name="cuda", tvm_target=tvm_target, relax_pipeline=relax_pipeline, finalize=finalize,
                   tuning_variant=tuning_variant, check_tunable=check_tunable, fusion_passes=fusion_passes,
-                  build_candidate=build_candidate)
+                  build_candidate=build_candidate, build=build)

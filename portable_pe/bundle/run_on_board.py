@@ -88,6 +88,24 @@ def missing_cpu_features(needed, auxv):
             and not words.get(HWCAP_OF_FEATURE[f][0], 0) & HWCAP_OF_FEATURE[f][1]]
 
 
+def load_device_runtime(kind):
+    """The TVM runtime's loader for `kind`'s kernels. A runtime-only TVM
+    (TVM_USE_RUNTIME_LIB=1) registers none for CUDA: its full import loads the sidecar
+    libtvm_runtime_cuda.so, so load it here from beside libtvm_runtime.so, else model.so
+    fails with "a loader of that name is not registered"."""
+    import ctypes
+    import tvm_ffi
+    from tvm.base import _LOADED_LIBS
+    if kind != "cuda" or tvm_ffi.get_global_func("ffi.Module.load_from_bytes.cuda", allow_missing=True):
+        return
+    sidecar = Path(_LOADED_LIBS["tvm_runtime"]._name).resolve().parent / "libtvm_runtime_cuda.so"
+    try:
+        ctypes.CDLL(str(sidecar), mode=ctypes.RTLD_LOCAL)
+    except OSError as err:
+        raise SystemExit(f"run_on_board: this TVM cannot load CUDA kernels ({sidecar}: {err}); install a TVM "
+                         "built with CUDA (the apache-tvm wheel) and the NVIDIA driver") from None
+
+
 def load_vm(bundle, manifest):
     import tvm
     from tvm.runtime.vm import VirtualMachine  # works with the runtime-only TVM
@@ -103,6 +121,10 @@ def load_vm(bundle, manifest):
                              f"(board {manifest['target'].get('options', {}).get('board', '?')!r}); this CPU has no "
                              f"{', '.join(missing)} (/proc/self/auxv), so it would stop at the first such "
                              "instruction (SIGILL): compile with the --board this machine is")
+    if (manifest.get("cuda") or {}).get("kernel_code") == "source":
+        raise SystemExit(f"run_on_board: {bundle} holds its CUDA kernels as source only: it was compiled where TVM "
+                         "had no CUDA runtime (no NVIDIA driver). Compile it again on a machine with the driver")
+    load_device_runtime(manifest["target"]["device"])
     device = tvm.runtime.device(manifest["target"]["device"], 0)
     if not device.exist:
         raise SystemExit(f"run_on_board: the bundle needs a {manifest['target']['device']} device; none here")

@@ -242,12 +242,12 @@ def stage_vendor(st: CompileState) -> Added:
 
 
 def stage_build(st: CompileState) -> Added:
-    import tvm
     backend = get_backend(st.target.backend)
     pipeline = backend.relax_pipeline(st.tvm_target, precision=st.request.precision)
     report = _bf16_report(st) if st.request.precision == "bf16" else {}
     if not st.tuning.get("specializations"):
-        return Added(executable=tvm.compile(st.relax, target=st.tvm_target, relax_pipeline=pipeline), report=report)
+        executable = backend.build(st.relax, st.tvm_target, pipeline)
+        return Added(executable=executable, report={**report, **_pipeline_report(pipeline)})
     from ..tune.database import as_main, coverage, open_database
     database = open_database(ROOT / st.tuning["database"])
     entries = []
@@ -257,8 +257,16 @@ def stage_build(st: CompileState) -> Added:
         st.log(f"  {entry['function']}: {len(hits)} tuned kernel(s), {len(misses)} miss(es) "
                f"{'(default schedules for: ' + ', '.join(misses[:4]) + ('...' if len(misses) > 4 else '') + ')' if misses else ''}")
     with database:
-        executable = tvm.compile(st.relax, target=st.tvm_target, relax_pipeline=pipeline)
-    return Added(executable=executable, tuning={**st.tuning, "specializations": entries})
+        executable = backend.build(st.relax, st.tvm_target, pipeline)
+    return Added(executable=executable, tuning={**st.tuning, "specializations": entries},
+                 report={**report, **_pipeline_report(pipeline)})
+
+
+def _pipeline_report(pipeline) -> dict:
+    """Manifest sections a backend's pipeline wrote about the build it ran, where its pass
+    has a report() (cuda: the kernels dlight's preferred rules could not schedule)."""
+    report = getattr(pipeline, "report", None)
+    return report() if callable(report) else {}
 
 
 def _bf16_report(st: CompileState) -> dict:
