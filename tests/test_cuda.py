@@ -138,6 +138,38 @@ def test_run_on_board_loads_tvms_cuda_runtime_or_says_why_it_cannot():
             run_on_board.load_device_runtime("cuda")
 
 
+def test_a_whole_power_becomes_products_and_other_powers_stay():
+    """nvcc's fast math (TVM's default) computes powf(x, 2) as exp2(2 * log2(x)): NaN for
+    x < 0. Pixtral's RMSNorm squares with Pow, and its cuda build returned NaN everywhere on
+    an H200; x ** k for a whole k up to 4 is built as products instead."""
+    import numpy as np
+    import tvm
+    from tvm import relax
+    from tvm.script import relax as R
+    from portable_pe.backends.cuda_math import PowerAsProducts
+
+    @tvm.script.ir_module
+    class Module:
+        @R.function
+        def main(x: R.Tensor((4,), "float32")):
+            with R.dataflow():
+                a = R.power(x, R.const(2.0, "float32"))
+                b = R.power(x, R.const(3.0, "float32"))
+                c = R.power(x, R.const(0.5, "float32"))
+                out = (a, b, c)
+                R.output(out)
+            return out
+
+    rewritten = PowerAsProducts()(Module)
+    text = rewritten.script()
+    assert text.count("R.power(") == 1 and "0.5" in text and text.count("R.multiply(") == 3
+    vm = relax.VirtualMachine(tvm.compile(rewritten, target="llvm"), tvm.cpu())
+    x = np.array([-2.0, -0.5, 0.0, 3.0], "float32")
+    a, b, c = (v.numpy() for v in vm["main"](tvm.runtime.tensor(x)))
+    assert np.array_equal(a, x * x) and np.array_equal(b, x * x * x)
+    assert np.isnan(c[:2]).all() and np.allclose(c[2:], np.sqrt(x[2:]))
+
+
 def nvcc_ptx(source: str, arch: str) -> str:
     import tvm
     from tvm.support import nvcc

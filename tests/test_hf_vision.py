@@ -161,3 +161,26 @@ def test_siglips_attention_pinned_to_its_traced_size_compiles_and_matches(tmp_pa
     pixels = _pixels(32, 32)
     (got,) = LocalRunner(bundle).run({"pixel_values": pixels}).values()
     assert_parity({"hidden": _torch(module, pixels)}, {"hidden": got}, tolerance="float32_abs")
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("arch,exporter", [("pixtral", "torchscript"), ("dinov3", "torchscript")])
+def test_a_dynamic_export_builds_for_cuda_and_nvcc_compiles_it(arch, exporter, tmp_path):
+    """One cuda build for every image size of a foreign export (parity on an H200: README,
+    NVIDIA GPUs; there Pixtral first returned NaN: see cuda_math.py). Pixtral's TorchScript export
+    holds TOPI's GPU scatter_nd, which launches its own threads: the last-resort schedule
+    bound it again and nested two grids ("All loops that are bound to `blockIdx.x` should
+    have the same extent")."""
+    import shutil
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not on PATH")
+    import re
+    from test_cuda import nvcc_ptx
+    _, path = export_vision(arch, tmp_path / f"{arch}.onnx", exporter=exporter)
+    out = tmp_path / "bundle"
+    bundle = compile_graph(str(path), target="cuda", target_options={"arch": "sm_90"}, out=out,
+                           keep_intermediates=True, log=lambda m: None)
+    source = (tmp_path / "bundle.intermediates" / "06-kernels.cu").read_text()
+    assert sorted(re.findall(r"\.entry (\w+)\(", nvcc_ptx(source, "sm_90"))) == bundle.manifest["cuda"]["kernels"]
+    # Pixtral's RMSNorm squares with Pow: under nvcc's fast math powf is NaN for x < 0
+    assert "powf(" not in source

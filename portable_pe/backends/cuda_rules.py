@@ -23,6 +23,8 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 from tvm.s_tir.dlight.base import ScheduleRule, max_threads_per_block, try_inline
 from tvm.s_tir.dlight.analysis import normalize_prim_func
+# dlight's Fallback asks the same of a block (TVM 0.27; private, so a TVM that drops it fails here)
+from tvm.s_tir.dlight.gpu.fallback import _has_internal_thread_env as launches_own_threads
 
 
 @dataclass
@@ -132,6 +134,8 @@ class BindSpatialLoops(ScheduleRule):
             loops = sch.get_loops(block)
             if any(sch.get(loop).thread_binding is not None for loop in loops):
                 continue
+            if not loops and launches_own_threads(sch.get(block).body):
+                continue  # TOPI's GPU scatter_nd, sort: binding them again nests two grids
             kinds = info.dom_kind()
             spatial = [loop for loop, kind in zip(loops, kinds) if kind == "S"]
             reduce = [loop for loop, kind in zip(loops, kinds) if kind == "R"]
