@@ -43,10 +43,9 @@ def fusion_passes(target) -> list:
     from ..cpu_schedule.dim_vars import WithNamedDims
     # a pixel graph's token count (H // P * (W // P) + extras) as one variable, as on CPU
     # (dim_vars): dlight's rules cannot bind loops over the expression
-    from .cuda_math import PowerAsProducts, ReducedSinCos
-    # nvcc's fast math (TVM's default) makes powf NaN for a negative base and sinf loose far
-    # from zero: x ** 2 as x * x, sin and cos of an argument reduced to [-pi, pi]
-    return [WithNamedDims([PowerAsProducts(), ReducedSinCos(), *_tvm_cuda().library_dispatch_passes(target),
+    from .cuda_math import PowerAsProducts
+    # x ** 2 as x * x: nvcc's fast math (TVM's default) makes powf NaN for a negative base
+    return [WithNamedDims([PowerAsProducts(), *_tvm_cuda().library_dispatch_passes(target),
                            *_tvm_legalize(target)[0]])]
 
 
