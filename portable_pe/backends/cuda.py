@@ -51,8 +51,9 @@ def fusion_passes(target) -> list:
 
 def relax_pipeline(target, precision: str = "fp32"):
     """TVM's CUDA pipeline with the tuning database applied before the GPU schedule rules
-    (dlight's Matmul, GEMV, Reduction, GeneralReduction, Fallback, each falling through to
-    the next when it fails on a kernel, then cuda_rules.BindSpatialLoops), which schedule
+    (cuda_rules.GPUSchedule: dlight's Matmul, GEMV, Reduction, GeneralReduction, each
+    falling through to the next when it fails on a kernel, then BindSpatialLoops in
+    Fallback's place), which schedule
     every kernel the database has nothing for, so every loop is bound to blocks/threads. An
     unbound kernel fails the build ("Did you forget to bind?"), so a build that succeeds
     is bound. The pass's report() names the kernels that fell through (manifest
@@ -84,7 +85,7 @@ def _tvm_cuda():
 
 def _tvm_legalize(target):
     """TVM's CUDA legalize passes split before their last one, the dlight schedules
-    (which cuda_rules.default_schedule replaces with the same rules, falling through)."""
+    (which cuda_rules.GPUSchedule replaces)."""
     *fuse, dlight = _tvm_cuda().legalize_passes(target)
     if "ApplyDefaultSchedule" not in str(dlight.info.name):
         raise RuntimeError(f"TVM's CUDA legalize passes no longer end with dlight's ApplyDefaultSchedule "

@@ -73,11 +73,12 @@ def _as_matmul(call, builder):
     count = grid[0]
     for g in grid[1:]:
         count = count * g
-    rows = relax.op.reshape(patches, [batch, count, in_ch * int(np.prod(kernel))])
+    patch_size = in_ch * int(np.prod(kernel))
+    rows = relax.op.reshape(patches, [batch, count, patch_size])
     if not isinstance(count, (int, tvm.tirx.IntImm, tvm.tirx.Var)):
         rows = builder.match_cast(builder.emit(rows), relax.TensorType(
-            [batch, tvm.tirx.Var("patches", "int64"), in_ch * int(np.prod(kernel))], x[0]))
-    flat = np.ascontiguousarray(weight.reshape(out_ch, -1).T)
+            [batch, tvm.tirx.Var("patches", "int64"), patch_size], x[0]))
+    flat = np.ascontiguousarray(weight.reshape(out_ch, patch_size).T)
     product = relax.op.matmul(rows, relax.const(flat, str(weight.dtype)))
     grid_out = relax.op.reshape(product, [batch, *grid, out_ch])
     return relax.op.permute_dims(grid_out, [0, 1 + spatial, *range(1, 1 + spatial)])
