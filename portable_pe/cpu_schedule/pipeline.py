@@ -22,6 +22,7 @@ from .int8_matmul import is_integer_matmul, schedule_int8_matmul
 from .matmul import _match_matmul, _schedule_matmul
 from .patch_stem import PatchStemAsMatmul
 from .quant_matmul import LowerQuantizedMatmul
+from .reshape_views import LEGALIZE_MAP as RESHAPE_VIEWS
 from .reduction import _schedule_reduction_chain
 from .small_work import SerialWhenSmall
 from .weight_packing import FoldWeightPacking, MarkConstantWeights, SplitWeightPacking
@@ -166,7 +167,8 @@ def fusion_passes(*, fast_math: bool = True, precision: str = "fp32") -> list:
         relax.backend.DispatchSortScan(),
         *([CPUFastMath()] if fast_math else []),
         # legalize + fuse
-        relax.transform.LegalizeOps(),
+        # (reshapes over compound symbolic dims stay views: reshape_views.py)
+        relax.transform.LegalizeOps(customize_legalize_map=RESHAPE_VIEWS),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
