@@ -272,6 +272,26 @@ def test_a_vision_bundle_refuses_an_image_that_is_not_whole_patches(bundle_facto
     assert out["hidden"].shape == (1, 2 + 3 * 2, 32)  # CLS + register + 3 x 2 patches
 
 
+def test_compile_sizes_are_the_bundles_stored_reference_cases(tmp_path):
+    """`compile --sizes` stores its reference at those sizes, so the bundle checks itself there
+    on another machine (run_on_board.py, run here); a size the graph cannot take is refused
+    naming --sizes, and nothing is written."""
+    import subprocess
+    import sys
+    from portable_pe.compile.pipeline import compile_graph
+    spec = str(DATA / "tiny_vit_rope_2d.toml")
+    bundle = compile_graph(spec, target="llvm", out=tmp_path / "b", reference_sizes=("40x16", "32x56"),
+                           log=lambda m: None)
+    stored = sorted((c["sizes"]["height"], c["sizes"]["width"]) for c in bundle.manifest["reference"]["cases"])
+    assert stored == [(32, 56), (40, 16)]
+    proc = subprocess.run([sys.executable, str(bundle.file("run_on_board.py"))], capture_output=True, text=True)
+    assert proc.returncode == 0 and "| tvm@board | 40x16 |" in proc.stdout and "| tvm@board | 32x56 |" in proc.stdout, \
+        proc.stdout + proc.stderr
+    with pytest.raises(Exception, match=r"--sizes 20x16: height 20 is not a multiple"):
+        compile_graph(spec, target="llvm", out=tmp_path / "bad", reference_sizes=("20x16",), log=lambda m: None)
+    assert not (tmp_path / "bad").exists()
+
+
 def _probe(pe, kind: str, n_rows: int, n_cols: int, axes: int = 2):
     """A torch module computing the encoding's scores (rotary: q·k, bias: the bias, absolute:
     (x + pe)(x + pe)ᵀ) from fixed content and positions given as an input."""

@@ -51,7 +51,8 @@ def cmd_compile(args) -> int:
                            keep_intermediates=args.keep_intermediates, shapes=dict(args.shape or []),
                            dim_relations=tuple(args.dim_relation or ()),
                            target_options=chosen_target_options(args), pe_tables=args.pe_tables, tuning=not args.no_tuning,
-                           exporter=args.exporter, precision=args.precision, force=args.force, log=lambda m: print(m, flush=True))
+                           exporter=args.exporter, precision=args.precision, force=args.force,
+                           reference_sizes=tuple(args.sizes or ()), log=lambda m: print(m, flush=True))
     lengths = usable_lengths(bundle.manifest, args.lengths or DEFAULT_LENGTHS)
     if args.lengths and not lengths:  # an .onnx file's bounds are known only now
         from ..run.parity import check_request

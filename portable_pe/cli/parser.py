@@ -168,8 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how an ONNX file's dims are tied where the compile cannot learn it (e.g. a mask "
                         "over the cache and the new tokens: s53=past+T)")
     p.add_argument("--lengths", type=_lengths, help="parity sequence lengths (default 1,7,128,300)")
-    p.add_argument("--sizes", type=_sizes, metavar="HxW,...", help="a vision graph's parity image sizes in pixels "
-                   "(default: 2x3, 4x4 and 5x3 patches)")
+    p.add_argument("--sizes", type=_sizes, metavar="HxW,...", help="a vision graph's parity image sizes in pixels, "
+                   "also stored as the bundle's reference cases (its run_on_board.py checks at them; "
+                   "default: 2x3, 4x4 and 5x3 patches)")
     p.add_argument("--json", metavar="PATH", help="also write the parity report as JSON")
     _add_target_options(p, "compile")  # --board, --arch, --profile, ...: targets/*.toml [options]
     p.add_argument("--pe-tables", choices=["int8"], help="store position tables as int8 rows with per-row scales")

@@ -48,7 +48,8 @@ def compile_graph(source: str | GraphSpec, *, target: str = "llvm", out: str | P
                   keep_intermediates: bool = False, shapes: dict[str, list[int]] | None = None,
                   target_options: dict | None = None, pe_tables: str | None = None, tuning: bool = True,
                   exporter: str = DEFAULT_EXPORTER, precision: str | None = None, force: bool = False,
-                  dim_relations: tuple = (), log: Callable[[str], None] = print) -> Bundle:
+                  dim_relations: tuple = (), reference_sizes: tuple = (),
+                  log: Callable[[str], None] = print) -> Bundle:
     """Compile a shipped graph name, a TOML spec or an .onnx file into a verified bundle.
 
     `target_options` go to the backend's tvm_target() (e.g. board= for arm, arch= for cuda).
@@ -60,6 +61,8 @@ def compile_graph(source: str | GraphSpec, *, target: str = "llvm", out: str | P
     constant-weight matmuls (default bundle folder dist/<graph>-<target>-int8).
     `dim_relations` (spec.dims.DimRelation, or "s53=past+T" strings): how a foreign graph's
     dims are tied, where the compile cannot learn it (compile/relation_probe.py).
+    `reference_sizes` ("224x224", ...): a vision graph's reference cases stored in the bundle
+    (default: parity's default_sizes), which the bundle checks itself at on another machine.
     """
     default_tvm_threads()  # before TVM's pool starts: the build and the npu's check run kernels
     spec = _available(target)
@@ -69,7 +72,8 @@ def compile_graph(source: str | GraphSpec, *, target: str = "llvm", out: str | P
     suffix = "" if precision == default_precision else f"-{precision}"
     request = CompileRequest(source=source, target=spec, target_options=dict(target_options or {}),
                              shapes=dict(shapes or {}), precision=precision, exporter=exporter,
-                             use_tuning=tuning, pe_tables=pe_tables, dim_relations=_relations(dim_relations))
+                             use_tuning=tuning, pe_tables=pe_tables, dim_relations=_relations(dim_relations),
+                             reference_sizes=tuple(reference_sizes))
     with bundle_writer(Path("dist") / f"{stem}-{target}{suffix}" if out is None else out, replace_any=force) as writer:
         inter = Intermediates(writer.dest, force=force) if keep_intermediates else None
         st = CompileState(request, log=log, intermediates=inter)

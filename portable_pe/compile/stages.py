@@ -14,8 +14,8 @@ import onnx
 from ..backends import get_backend
 from ..backends.targets import TargetSpec, target_json
 from ..bundle.reference import ReferenceCase
-from ..run.parity import (DEFAULT_LENGTHS, default_sizes, make_inputs, onnxruntime_runner, pixel_roles,
-                          size_label, torch_reference, usable_lengths)
+from ..run.parity import (DEFAULT_LENGTHS, check_request, default_sizes, make_inputs, onnxruntime_runner,
+                          parse_sizes, pixel_roles, size_label, torch_reference, usable_lengths)
 from ..spec.graphs import ROOT, GraphSpec, load_graph
 from ..spec.io_names import describe_io, dim_roles
 from ..spec.schema import NAME
@@ -213,9 +213,22 @@ def stage_tuning(st: CompileState) -> Added | None:
     return Added(relax=relax, tuning=tuning)
 
 
+def _reference_sizes(st: CompileState) -> list[dict[str, int]]:
+    """A vision graph's reference image sizes: the request's (--sizes), checked against the
+    graph's bounds, else default_sizes. The bundle's run_on_board.py checks at these."""
+    if not st.request.reference_sizes:
+        return default_sizes(st.io)
+    sizes = [parse_sizes(text, pixel_roles(st.io)) for text in st.request.reference_sizes]
+    check_request(st.io, lengths=(), sizes=sizes)
+    return sizes
+
+
 def stage_reference(st: CompileState) -> Added:
-    """Seeded inputs at the default parity lengths the graph takes, and the reference's
-    outputs on them: PyTorch for a spec, onnxruntime on the graph for a foreign file."""
+    """Seeded inputs at the default parity lengths the graph takes (a vision graph: at the
+    requested sizes), and the reference's outputs on them: PyTorch for a spec, onnxruntime
+    on the graph for a foreign file."""
+    if st.request.reference_sizes and not pixel_roles(st.io):
+        parse_sizes(st.request.reference_sizes[0], [])  # refused, naming --sizes: a graph without image dims
     if st.spec is not None:
         run = torch_reference(st.spec.to_dict())
     else:
@@ -224,7 +237,7 @@ def stage_reference(st: CompileState) -> Added:
             run = onnxruntime_runner(f.name, [o["name"] for o in st.io["outputs"]])
     cases = []
     if pixel_roles(st.io):
-        for sizes in default_sizes(st.io):
+        for sizes in _reference_sizes(st):
             inputs = make_inputs(st.io["inputs"], sizes=sizes, dim_roles=dim_roles(st.io))
             cases.append(ReferenceCase(None, inputs, run(inputs), sizes=sizes))
         st.log(f"  reference at {', '.join(size_label(c.sizes) for c in cases)}")

@@ -31,6 +31,7 @@ class CompileRequest:
     use_tuning: bool = True                     # apply targets/tuning/<target>/<graph> when it exists
     pe_tables: str | None = None                # "int8": stored position tables as int8 rows
     dim_relations: tuple = ()                   # --dim-relation: spec.dims.DimRelation records stated
+    reference_sizes: tuple = ()                 # --sizes ("224x224", ...): a vision graph's stored reference cases
 
 
 @dataclass(frozen=True)
