@@ -17,7 +17,7 @@ from tvm.script import relax as R
 from portable_pe.cpu_schedule import cpu_pipeline
 from portable_pe.cpu_schedule.matmul import _STACK_ARRAY_LIMIT_BYTES, _register_tile
 from portable_pe.cpu_schedule.small_work import SERIAL_BELOW_ITERATIONS, SerialWhenSmall
-from portable_pe.cpu_schedule.tir_util import _node, _simd_registers, _vector_lanes, _walk
+from portable_pe.cpu_schedule.tir_util import _const_int, _node, _simd_registers, _vector_lanes, _walk
 
 TARGETS = {
     "avx512": {"kind": "llvm", "mcpu": "znver4"},
@@ -87,11 +87,13 @@ def test_dense_with_a_constant_weight_runs_on_packed_panels():
         np.testing.assert_allclose(got, x @ w + b, rtol=1e-5, atol=1e-5)
 
 
-def test_a_dense_runs_row_chunk_by_row_chunk_with_panels_split_between_threads():
-    """Rows come in chunks (a serial loop); inside one, the threads split the (weight
-    panel, row tile) pairs, so each keeps its panels in cache across the chunk. Row counts
-    that end in a partial tile and a partial chunk stay exact."""
+def test_a_dense_is_one_parallel_loop_over_panel_groups_and_row_chunks():
+    """One fork-join per call: the threads split (group of weight panels, chunk of rows)
+    items, groups outermost, so each thread keeps its panels in cache across the chunks and
+    each chunk's rows across the group's panels. Row counts that end in a partial tile and
+    a partial chunk stay exact."""
     from portable_pe.cpu_schedule.matmul import _row_chunk_tiles
+    from portable_pe.cpu_schedule.tir_util import _num_cores
     lanes = _vector_lanes(HOST)
     rng = np.random.default_rng(4)
     w = rng.standard_normal((K, N)).astype("float32")
@@ -105,11 +107,16 @@ def test_a_dense_runs_row_chunk_by_row_chunk_with_panels_split_between_threads()
     (parallel,) = _parallel_loops(kernel)
     mi, nj = _register_tile(HOST, lanes, seq, N)
     chunk_tiles = _row_chunk_tiles(mi, seq, K)
-    assert -(-seq // mi) > chunk_tiles, "the rows should span several chunks"
-    assert int(parallel.extent) == (N // nj) * chunk_tiles, kernel.script()
+    chunks = -(-(-(-seq // mi)) // chunk_tiles)
+    assert chunks > 1, "the rows should span several chunks"
+    groups = min(N // nj, _num_cores(HOST))
+    assert int(parallel.extent) == groups * chunks, kernel.script()
     serial_outer = [s for s in _walk(kernel.body) if _node(s) == "For" and s.kind == tirx.ForKind.SERIAL
                     and any(x.same_as(parallel) for x in _walk(s.body))]
-    assert serial_outer, "the parallel loop runs inside the serial loop over row chunks"
+    assert not serial_outer, "no serial loop around the parallel one (a fork-join per chunk)"
+    panels = [s for s in _walk(parallel.body) if _node(s) == "For" and s.kind == tirx.ForKind.SERIAL
+              and _const_int(s.extent) == -(-(N // nj) // groups)]
+    assert panels, "each item walks its group's panels"
     vm = relax.VirtualMachine(tvm.compile(_bound(Dense, w=w, b=b), target=HOST,
                                           relax_pipeline=cpu_pipeline(HOST)), tvm.cpu())
     for rows in (1, mi * chunk_tiles + 3, 200):
