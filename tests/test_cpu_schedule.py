@@ -17,7 +17,7 @@ from tvm.script import relax as R
 from portable_pe.cpu_schedule import cpu_pipeline
 from portable_pe.cpu_schedule.matmul import _STACK_ARRAY_LIMIT_BYTES, _register_tile
 from portable_pe.cpu_schedule.small_work import SERIAL_BELOW_ITERATIONS, SerialWhenSmall
-from portable_pe.cpu_schedule.tir_util import _const_int, _node, _simd_registers, _vector_lanes, _walk
+from portable_pe.cpu_schedule.tir_util import _blocks_under, _const_int, _node, _simd_registers, _vector_lanes, _walk
 
 TARGETS = {
     "avx512": {"kind": "llvm", "mcpu": "znver4"},
@@ -90,15 +90,15 @@ def test_dense_with_a_constant_weight_runs_on_packed_panels():
 def test_a_dense_is_one_parallel_loop_over_panel_groups_and_row_chunks():
     """One fork-join per call: the threads split (group of weight panels, chunk of rows)
     items, groups outermost, so each thread keeps its panels in cache across the chunks and
-    each chunk's rows across the group's panels. Row counts that end in a partial tile and
-    a partial chunk stay exact."""
+    each chunk's rows across the group's panels; the zero-padded copy of a chunk's rows is
+    made in its item. Row counts that end in a partial tile and a partial chunk stay exact."""
     from portable_pe.cpu_schedule.matmul import _row_chunk_tiles
     from portable_pe.cpu_schedule.tir_util import _num_cores
     lanes = _vector_lanes(HOST)
     rng = np.random.default_rng(4)
     w = rng.standard_normal((K, N)).astype("float32")
     b = rng.standard_normal(N).astype("float32")
-    seq = 150
+    seq = 151  # not whole tiles: the rows are padded
     static = relax.transform.BindSymbolicVars({"seq": seq})(_bound(Dense, w=w, b=b))
     from portable_pe.cpu_schedule.pipeline import CPUDefaultSchedule, MarkConstantWeights, fusion_passes
     with HOST:
@@ -106,6 +106,7 @@ def test_a_dense_is_one_parallel_loop_over_panel_groups_and_row_chunks():
     (kernel,) = [f for f in scheduled.functions.values() if isinstance(f, tirx.PrimFunc) and _parallel_loops(f)]
     (parallel,) = _parallel_loops(kernel)
     mi, nj = _register_tile(HOST, lanes, seq, N)
+    assert seq % mi, "the rows should end in a partial tile"
     chunk_tiles = _row_chunk_tiles(mi, seq, K)
     chunks = -(-(-(-seq // mi)) // chunk_tiles)
     assert chunks > 1, "the rows should span several chunks"
@@ -117,6 +118,8 @@ def test_a_dense_is_one_parallel_loop_over_panel_groups_and_row_chunks():
     panels = [s for s in _walk(parallel.body) if _node(s) == "For" and s.kind == tirx.ForKind.SERIAL
               and _const_int(s.extent) == -(-(N // nj) // groups)]
     assert panels, "each item walks its group's panels"
+    assert [blk for blk in _blocks_under(parallel.body) if blk.name_hint.endswith("_pad")], \
+        "the rows' padded copy is made inside the work items"
     vm = relax.VirtualMachine(tvm.compile(_bound(Dense, w=w, b=b), target=HOST,
                                           relax_pipeline=cpu_pipeline(HOST)), tvm.cpu())
     for rows in (1, mi * chunk_tiles + 3, 200):

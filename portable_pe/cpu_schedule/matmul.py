@@ -219,10 +219,11 @@ def _loads_of(expr, buffer):
             yield from _loads_of(arg, buffer)
 
 
-def _pad_to_tiles(sch, mm_block, other_blocks, padding: list[int], lanes: int):
+def _pad_to_tiles(sch, mm_block, other_blocks, padding: list[int], lanes: int, *, pads_out: list | None = None):
     """pad_einsum the matmul's iteration domain by ``padding`` (1 = no padding) and
-    schedule the zero-padded operand copies it adds as nests of their own; the cropping
-    copy it adds is folded into the epilogue, or is the epilogue when there is none.
+    schedule the zero-padded operand copies it adds as nests of their own (or, given
+    ``pads_out``, leave them unscheduled and append them to it); the cropping copy it
+    adds is folded into the epilogue, or is the epilogue when there is none.
     Returns the matmul block and the epilogue blocks (both re-fetched)."""
     if all(p == 1 for p in padding):
         return mm_block, other_blocks
@@ -247,6 +248,9 @@ def _pad_to_tiles(sch, mm_block, other_blocks, padding: list[int], lanes: int):
         other_blocks = [sch.get_sblock(c) for c in crop_names]
     # (Measured: computing the row-operand pad per row tile (compute_at io) was
     # slower than one parallel copy nest, so all pad copies run on their own.)
+    if pads_out is not None:
+        pads_out.extend(pad_producers)
+        return mm_block, other_blocks
     for pb in pad_producers:
         _schedule_spatial_block(sch, pb, lanes)
     return mm_block, other_blocks
@@ -269,12 +273,17 @@ def _schedule_matmul(sch, mm_block, other_blocks, target):
     # the accumulator compacts into an MI x NJ register tile.
     pad_i = mi if (ext_i is None or ext_i % mi) else 1
     pad_j = nj if (ext_j is None or ext_j % nj) else 1
-    mm_block, other_blocks = _pad_to_tiles(sch, mm_block, other_blocks, [1] * len(batch) + [pad_i, pad_j, 1], lanes)
+    pads = []
+    mm_block, other_blocks = _pad_to_tiles(sch, mm_block, other_blocks, [1] * len(batch) + [pad_i, pad_j, 1], lanes,
+                                           pads_out=pads)
     *batch, li, lj, lk = sch.get_loops(mm_block)
 
     packed = False
     if ext_j is not None and ext_j % nj == 0:  # after pad_einsum, which wants plain indices
         packed = _pack_constant_weight(sch, mm_block, sch.get(mm_block).iter_vars[len(batch) + 1].var, nj)
+    if not packed:
+        for pb in pads:
+            _schedule_spatial_block(sch, pb, lanes)
 
     io, ii = sch.split(li, [None, mi])
     jo, ji = sch.split(lj, [None, nj])
@@ -318,7 +327,12 @@ def _schedule_matmul(sch, mm_block, other_blocks, target):
                 _vectorize_inner(sch, inner[-1], lanes)
     # parallel/unroll/vectorize first: once the reduction is decomposed the
     # update block is no longer a "reduction block" and parallel() refuses it.
-    _parallel_outer(sch, [jg, *batch, chunk] if packed else list(batch) + [io])
+    items = _parallel_outer(sch, [jg, *batch, chunk] if packed else list(batch) + [io])
+    for pb in pads if packed else ():
+        # the padded copy of the chunk's rows, made in each work item (in L2 for the
+        # micro-kernel) rather than as a parallel nest of its own over all rows
+        sch.compute_at(pb, items, preserve_unit_loops=True)
+        _vectorize_inner(sch, sch.get_loops(pb)[-1], lanes)
     sch.unroll(ii)
     sch.vectorize(ji)
     init = sch.decompose_reduction(mm_block, lk)
