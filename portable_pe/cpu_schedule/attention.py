@@ -81,7 +81,6 @@ def attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float, mi: i
         n_rb = T.meta_var((Tq + (mi - 1)) // mi)
         # Scalars are inlined (meta_var), not assigned: TVMScript makes an assigned scalar a
         # one-element buffer (a heap workspace per work item, reloaded in every loop).
-        n_full = T.meta_var(S // nj)
         s_pad = T.meta_var((S + (nj - 1)) // nj * nj)
         for item in T.parallel(B * H * n_rb):
             b = T.meta_var(item // (H * n_rb))
@@ -93,55 +92,43 @@ def attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float, mi: i
             row_inv = T.decl_buffer((mi,), "float32")
             lane = T.decl_buffer((nj,), "float32")
             out = T.decl_buffer((mi, ec), "float32")
-            # 1. scores · scale + bias; full NJ-column blocks, then one clamped tail
-            for jb in range(n_full):
-                for r in T.unroll(mi):
-                    for l in T.vectorized(nj):
-                        acc[r, l] = T.float32(0)
-                for d in range(D):
+            # 1. scores · scale + bias, NJ columns at a time. The last block ends at S,
+            #    overlapping the one before (whose values it writes again unchanged), so
+            #    every load is a vector in bounds. Per-lane clamped columns (the narrow
+            #    case below) compile to scalar code, MI x NJ x D scalar FMAs per work item
+            #    however narrow the tail: at 224 x 224 (201 tokens, 6 full blocks and 9
+            #    columns) vit_rope_2d's attention took 2.29 ms of its 4 layers with a
+            #    clamped tail, 1.15 ms this way (2 threads).
+            if S >= nj:
+                for jb in range(s_pad // nj):
+                    j0 = T.meta_var(T.min(jb * nj, S - nj))
                     for r in T.unroll(mi):
                         for l in T.vectorized(nj):
-                            acc[r, l] = acc[r, l] + q[b, h, T.min(i0 + r, Tq - 1), d] * kt[b, h, d, jb * nj + l]
-                for r in T.unroll(mi):
-                    for l in T.vectorized(nj):
-                        p[r, jb * nj + l] = acc[r, l] * T.float32(scale) + bias[
-                            bias_at(b, h, T.min(i0 + r, Tq - 1), jb * nj + l)]
-            if n_full * nj < S and S >= nj:
-                # the tail as one more full block, the last NJ columns (overlapping the
-                # previous block, whose values it writes again unchanged): vector loads,
-                # all in bounds. Per-lane clamped columns (below) compile to scalar code,
-                # MI x NJ x D scalar FMAs per work item however narrow the tail: at 224 x 224
-                # (201 tokens, 6 full blocks and 9 columns) vit_rope_2d's attention took
-                # 2.29 ms of its 4 layers that way, 1.15 ms this way (2 threads).
-                for r in T.unroll(mi):
-                    for l in T.vectorized(nj):
-                        acc[r, l] = T.float32(0)
-                for d in range(D):
+                            acc[r, l] = T.float32(0)
+                    for d in range(D):
+                        for r in T.unroll(mi):
+                            for l in T.vectorized(nj):
+                                acc[r, l] = acc[r, l] + q[b, h, T.min(i0 + r, Tq - 1), d] * kt[b, h, d, j0 + l]
                     for r in T.unroll(mi):
                         for l in T.vectorized(nj):
-                            acc[r, l] = acc[r, l] + q[b, h, T.min(i0 + r, Tq - 1), d] * kt[b, h, d, S - nj + l]
-                for r in T.unroll(mi):
-                    for l in T.vectorized(nj):
-                        p[r, S - nj + l] = acc[r, l] * T.float32(scale) + bias[
-                            bias_at(b, h, T.min(i0 + r, Tq - 1), S - nj + l)]
+                            p[r, j0 + l] = acc[r, l] * T.float32(scale) + bias[
+                                bias_at(b, h, T.min(i0 + r, Tq - 1), j0 + l)]
                 for r in range(mi):
                     for l in range(s_pad - S):
                         p[r, S + l] = T.float32(neg_inf)
-            elif n_full * nj < S:  # fewer columns than one block
+            else:  # fewer columns than one block
                 for r in T.unroll(mi):
                     for l in T.vectorized(nj):
                         acc[r, l] = T.float32(0)
                 for d in range(D):
                     for r in T.unroll(mi):
                         for l in range(nj):
-                            acc[r, l] = acc[r, l] + q[b, h, T.min(i0 + r, Tq - 1), d] * kt[
-                                b, h, d, T.min(n_full * nj + l, S - 1)]
+                            acc[r, l] = acc[r, l] + q[b, h, T.min(i0 + r, Tq - 1), d] * kt[b, h, d, T.min(l, S - 1)]
                 for r in T.unroll(mi):
                     for l in range(nj):
-                        p[r, n_full * nj + l] = T.if_then_else(
-                            n_full * nj + l < S,
-                            acc[r, l] * T.float32(scale) + bias[
-                                bias_at(b, h, T.min(i0 + r, Tq - 1), T.min(n_full * nj + l, S - 1))],
+                        p[r, l] = T.if_then_else(
+                            T.Cast("int64", l) < S,
+                            acc[r, l] * T.float32(scale) + bias[bias_at(b, h, T.min(i0 + r, Tq - 1), T.min(l, S - 1))],
                             T.float32(neg_inf))
             # 2. p = exp(s - row max) in place, 1/row sum kept
             for r in range(mi):
