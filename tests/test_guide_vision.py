@@ -128,6 +128,12 @@ def test_the_npu_verdict_follows_its_rule():
     assert npu_verdict(_npu_result({"vit_none": none, "vit_a": [(False, None, None, None), none[1]]}),
                        **rule)["verdict"] == "does not hold"
     assert npu_verdict(_npu_result({"vit_none": none}), **rule)["verdict"] == "not measured"
+    # the video graphs count too, against their own twin
+    fine = _npu_result({"vit_none": none, "vit_a": none})
+    video = _npu_result({"video_none": none, "video_b": [(True, 0, 0.999, 10.0), (True, 3, 0.999, 40.0)]})
+    both = npu_verdict({**fine, "video": {"baseline": "video_none", "graphs": video["graphs"],
+                                          "npu_ethos_u": video["npu_ethos_u"]}}, **rule)
+    assert both["verdict"] == "does not hold" and "video_b 224x224" in both["measured"]["missed"]
 
 
 def test_vision_targets_other_than_llvm_and_ethos_u_are_refused(tmp_path):
@@ -138,15 +144,16 @@ def test_vision_targets_other_than_llvm_and_ethos_u_are_refused(tmp_path):
 @pytest.mark.integration
 def test_the_ethos_u_part_is_velas_build_per_size_and_prices_positions_against_no_positions(tmp_path):
     """Vela's own build of each tiny graph at two NPU sizes (a third not whole patches:
-    refused in compile's words); the report is the JSON's, and the position cost is the
-    difference of Vela's two estimates."""
+    refused in compile's words), the video graphs against their own twin at a video size;
+    the report is the JSON's, and the position cost is the difference of Vela's two
+    estimates."""
     from portable_pe.npu.toolchain import toolchain_python
     if toolchain_python("ethos-u") is None:
         pytest.skip("Vela's toolchain is not installed: bash scripts/npu_toolchain.sh ethos-u")
     sizes = ("24x32", "32x32", "30x32")
-    result = run_vision_guide(graphs=GRAPHS, targets=("npu-ethos-u",), npu_sizes=sizes, out=tmp_path,
-                              log=lambda m: None)
-    assert "llvm" not in result and "claim" not in result
+    result = run_vision_guide(graphs=GRAPHS, targets=("npu-ethos-u",), npu_sizes=sizes, video_npu_sizes=("4x24x32",),
+                              out=tmp_path, log=lambda m: None)
+    assert "llvm" not in result and "claim" not in result and "llvm" not in result["video"]
     md = (tmp_path / "guide_vision.md").read_text()
     assert md == render(json.loads((tmp_path / "guide_vision.json").read_text()))
     rows = {(r["graph"], r["size"], r["accelerator"]): r for r in result["npu_ethos_u"]["rows"]}
@@ -159,4 +166,14 @@ def test_the_ethos_u_part_is_velas_build_per_size_and_prices_positions_against_n
             assert mine["ok"] and none["ok"], (mine, none)
             assert mine["position_ms"] == pytest.approx(mine["estimate_ms"] - none["estimate_ms"])
             assert f"({mine['position_ms']:+.2f})" in md
+    video = {(r["graph"], r["accelerator"]): r for r in result["video"]["npu_ethos_u"]["rows"]}
+    assert {(g, r["size"]) for (g, _), r in video.items()} == {(g, "4x24x32") for g in ("tiny_video_none",
+                                                                                         "tiny_video_mrope")}
+    for accelerator in ("ethos-u85", "ethos-u55"):
+        mine, none = video[("tiny_video_mrope", accelerator)], video[("tiny_video_none", accelerator)]
+        assert mine["ok"] and none["ok"], (mine, none)
+        assert mine["position_ms"] == pytest.approx(mine["estimate_ms"] - none["estimate_ms"])
+        assert f"### video (frames x H x W), {accelerator}" in md and f"({mine['position_ms']:+.2f})" in md
+    assert "tiny_video_mrope" in result["npu_claim"]["measured"] or "tiny_video_mrope" in \
+        result["npu_claim"]["measured"].get("missed", "")
     assert result["npu_claim"]["verdict"] in ("holds", "partly holds", "does not hold")

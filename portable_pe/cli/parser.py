@@ -250,6 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
                                          "(default 4x224x224,8x224x224,16x224x224)")
     p.add_argument("--npu-sizes", help="with --vision --targets ...,npu-ethos-u: the Vela builds' image sizes HxW "
                                        "(default 112x112,224x224,336x336)")
+    p.add_argument("--video-npu-sizes", help="with --vision --targets ...,npu-ethos-u: the video graphs' Vela builds' "
+                                             "sizes FxHxW (default 2x224x224,4x224x224)")
 
     p = sub.add_parser("bench", help="time PyTorch, torch.compile, onnxruntime, OpenVINO and TVM (float32 and "
                                      "int8) on a graph, side by side")

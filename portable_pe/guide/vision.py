@@ -15,9 +15,9 @@ With `npu-ethos-u` among the targets, the same graphs also go through Vela at th
 
 The video graphs (graphs/vision/video_mrope.toml: 3D M-RoPE over frames, rows and columns)
 go the same way on llvm against their own no-position twin (graphs/baselines/video_none.toml)
-at the video sizes (frames x H x W). Not in this section: video on the NPUs (Vela has no
-CONV_3D; a video stem fixed to one size becomes a Conv2d, vision.py's stem, but is not
-priced here), and RKNN (no time estimate; `scripts/npu_rknn_table.py --vision` is its table).
+at the video sizes (frames x H x W), and on Ethos-U at their own NPU sizes (Vela has no
+CONV_3D: a video stem fixed to one size becomes a Conv2d over its frames). Not in this
+section: RKNN (no time estimate; `scripts/npu_rknn_table.py --vision` is its table).
 The Swin graph's attention is windowed, not only its encoding: its latency is shown, but no
 position work (a profile against the global-attention baseline would charge the windows to
 the encoding).
@@ -178,7 +178,7 @@ VISION_TARGETS = ("llvm", "npu-ethos-u")
 def run_vision_guide(*, graphs: list[str] | None = None, sizes: tuple[str, ...] = DEFAULT_SIZES,
                      batches: tuple[int, ...] = (1,), out: Path = Path("dist/guide"), threads: int = 2,
                      repeat: int = 5, targets: tuple[str, ...] = ("llvm",), npu_sizes: tuple[str, ...] | None = None,
-                     video_sizes: tuple[str, ...] = DEFAULT_VIDEO_SIZES,
+                     video_sizes: tuple[str, ...] = DEFAULT_VIDEO_SIZES, video_npu_sizes: tuple[str, ...] | None = None,
                      command: str = "portable-pe guide --vision", log: Callable[[str], None] = print) -> dict:
     """Measure on `targets` (VISION_TARGETS); write out/guide_vision.json and
     out/guide_vision.md; return the result."""
@@ -194,8 +194,9 @@ def run_vision_guide(*, graphs: list[str] | None = None, sizes: tuple[str, ...] 
                          f"{', '.join(VISION_TARGETS)} (RKNN's simulator gives no time: its vision table is "
                          f"scripts/npu_rknn_table.py --vision)")
     npu_sizes = tuple(npu_sizes or vision_npu.NPU_SIZES)
+    video_npu_sizes = tuple(video_npu_sizes or vision_npu.VIDEO_NPU_SIZES)
     sources, baseline = resolve(graphs)
-    video_sources, video_baseline = resolve(graphs, video=True) if "llvm" in targets else ({}, None)
+    video_sources, video_baseline = resolve(graphs, video=True)
     specs = {n: load_graph(s) for n, s in sources.items()}
     video_specs = {n: load_graph(s) for n, s in video_sources.items()}
     start = time.perf_counter()
@@ -209,6 +210,7 @@ def run_vision_guide(*, graphs: list[str] | None = None, sizes: tuple[str, ...] 
               "graphs": [{"name": n, "encoding": s.encoding, "tokens_before_patches": s.vision.prefix,
                           "description": s.description} for n, s in specs.items()],
               **({"video": {"baseline": video_baseline, "sizes": list(video_sizes),
+                            **({"npu_sizes": list(video_npu_sizes)} if "npu-ethos-u" in targets else {}),
                             "graphs": [{"name": n, "encoding": s.encoding, "tokens_before_patches": s.vision.prefix,
                                         "description": s.description} for n, s in video_specs.items()]}}
                  if video_sources else {}),
@@ -220,19 +222,23 @@ def run_vision_guide(*, graphs: list[str] | None = None, sizes: tuple[str, ...] 
         if "llvm" in targets and sources:
             result["llvm"] = measure(sources, baseline=baseline, sizes=sizes, batches=batches, threads=threads,
                                      unprofiled=windowed, repeat=repeat, work_dir=work, log=log)
-        if video_sources:
+        if "llvm" in targets and video_sources:
             result["video"]["llvm"] = measure(video_sources, baseline=video_baseline, sizes=video_sizes,
                                               batches=batches, threads=threads, unprofiled=set(), repeat=repeat,
                                               work_dir=work / "video", log=log)
         if "npu-ethos-u" in targets and sources:
             result["npu_ethos_u"] = vision_npu.measure(specs, baseline=baseline, unpriced=windowed, sizes=npu_sizes,
                                                        work_dir=work / "ethos-u", log=log)
+        if "npu-ethos-u" in targets and video_sources:
+            result["video"]["npu_ethos_u"] = vision_npu.measure(video_specs, baseline=video_baseline, unpriced=set(),
+                                                                sizes=video_npu_sizes, work_dir=work / "ethos-u-video",
+                                                                log=log)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result["seconds"] = time.perf_counter() - start
     if _groups(result):
         result["claim"] = verdict(result)
-    if "npu_ethos_u" in result:
+    if "npu_ethos_u" in result or "npu_ethos_u" in result.get("video", {}):
         result["npu_claim"] = vision_npu.verdict(result, little=LITTLE, windowed=WINDOWED)
     result = json.loads(json.dumps(result))  # what guide_vision.json holds (lists, not tuples)
     out.mkdir(parents=True, exist_ok=True)
@@ -262,7 +268,7 @@ def render(result: dict) -> str:
     if video and "llvm" in video:
         lines += _render_llvm(video["graphs"], video["baseline"], video["llvm"], video["sizes"], s["batches"],
                               twin="the no-position video ViT's", title="video (frames x H x W), ")
-    if "npu_ethos_u" in result:
+    if "npu_claim" in result:
         lines += vision_npu.render(result, result["graphs"])
     return "\n".join(lines)
 

@@ -1,12 +1,13 @@
-"""`portable-pe guide --vision --targets ...,npu-ethos-u`: the image graphs on Arm's Ethos-U.
+"""`portable-pe guide --vision --targets ...,npu-ethos-u`: the vision graphs on Arm's Ethos-U.
 
-    each image graph (and the no-position ViT) at each NPU size
+    each image graph (and the no-position ViT) at each NPU size, each video graph (and the
+    no-position video ViT) at each video NPU size
       -> Vela's own build (npu/vela.py compile_jobs: the `--target npu --profile ethos-u85`
          path: pixels in, patch positions folded for the size, full-int8 TFLite, Vela for
          each accelerator)
       -> per (graph, size, accelerator): ops on the NPU and the CPU (Vela's placement and
          reasons), Vela's time estimate, the int8 model's cosine against PyTorch fp32
-      -> position cost = the graph's estimate - the no-position ViT's, same size and
+      -> position cost = the graph's estimate - its no-position twin's, same size and
          accelerator (the windowed Swin gets none: its attention differs, not only its
          encoding, as in the llvm part)
 
@@ -23,6 +24,9 @@ from typing import Callable
 
 #: whole 7-patch Swin windows at 16-pixel patches: 49, 196 and 441 patches
 NPU_SIZES = ("112x112", "224x224", "336x336")
+#: frames x H x W for the video graphs: one and two 2-frame tubelet slices of 196 patches
+#: (a video stem fixed to one size is a Conv2d over its frames: Vela has no CONV_3D)
+VIDEO_NPU_SIZES = ("2x224x224", "4x224x224")
 ACCELERATORS = ("ethos-u85", "ethos-u55")
 
 
@@ -72,52 +76,79 @@ CLAIM = ("Multi-dimensional position encodings can be first-class on edge NPUs t
 MIN_COSINE = 0.99
 
 
+def _parts(result: dict):
+    """(Vela's part, its graphs, its no-position baseline): the image graphs', then the video graphs'."""
+    video = result.get("video") or {}
+    for holder, graphs, baseline in ((result, result.get("graphs", []), result.get("baseline")),
+                                     (video, video.get("graphs", []), video.get("baseline"))):
+        if "npu_ethos_u" in holder:
+            yield holder["npu_ethos_u"], graphs, baseline
+
+
 def verdict(result: dict, *, little: float, windowed: str) -> dict:
-    """The NPU claim's row: holds when every image encoding builds at every size and
+    """The NPU claim's row: holds when every 2D and 3D encoding builds at every size and
     accelerator with 0 CPU ops, cosine >= MIN_COSINE and an estimate within +little of
-    the no-position ViT's; partly holds when all build on the NPU alone and accurate but
-    some cost more; does not hold otherwise."""
-    rule = (f"holds when every 2D encoding builds at every NPU size with 0 ops on the CPU, int8 cosine >= "
-            f"{MIN_COSINE} and Vela's estimate within +{little:.0%} of the no-position ViT's; partly holds when "
-            f"all build on the NPU alone and accurate but some cost more; does not hold otherwise")
-    part = result["npu_ethos_u"]
-    encoders = [g["name"] for g in result["graphs"] if g["name"] != result["baseline"] and g["encoding"] != windowed]
-    if not part["ran"] or not encoders:
+    its no-position twin's (the ViT's, the video ViT's); partly holds when all build on
+    the NPU alone and accurate but some cost more; does not hold otherwise."""
+    rule = (f"holds when every 2D and 3D encoding builds at every NPU size with 0 ops on the CPU, int8 cosine >= "
+            f"{MIN_COSINE} and Vela's estimate within +{little:.0%} of its no-position twin's (the ViT's, the video "
+            f"ViT's); partly holds when all build on the NPU alone and accurate but some cost more; does not hold "
+            f"otherwise")
+    measured, failed, costly = {}, set(), False
+    for part, graphs, baseline in _parts(result):
+        encoders = [g["name"] for g in graphs if g["name"] != baseline and g["encoding"] != windowed]
+        if not part["ran"]:
+            continue
+        rows = [r for r in part["rows"] if r["graph"] in encoders]
+        failed |= {f"{r['graph']} {r['size']} {r['accelerator']}: " + (
+            "not built" if not r["ok"] else f"{r['cpu_ops']} op(s) on the CPU" if r["cpu_ops"]
+            else f"cosine {r['cosine']:.4f}") for r in rows
+            if not r["ok"] or r["cpu_ops"] or (r["cosine"] or 0) < MIN_COSINE}
+        base = {(r["size"], r["accelerator"]): r["estimate_ms"] for r in part["rows"] if r["graph"] == baseline and r["ok"]}
+        for name in encoders:
+            over = [r["estimate_ms"] / base[(r["size"], r["accelerator"])] - 1 for r in rows
+                    if r["graph"] == name and r["ok"] and (r["size"], r["accelerator"]) in base]
+            if over:
+                measured[name] = f"{100 * min(over):+.0f}% to {100 * max(over):+.0f}% vs no positions (Vela's estimate)"
+                costly |= max(over) > little
+    if not measured and not failed:
         return {"claim": CLAIM, "measured": {}, "verdict": "not measured", "rule": rule}
-    rows = [r for r in part["rows"] if r["graph"] in encoders]
-    failed = sorted({f"{r['graph']} {r['size']} {r['accelerator']}: " + (
-        "not built" if not r["ok"] else f"{r['cpu_ops']} op(s) on the CPU" if r["cpu_ops"]
-        else f"cosine {r['cosine']:.4f}") for r in rows
-        if not r["ok"] or r["cpu_ops"] or (r["cosine"] or 0) < MIN_COSINE})
-    base = {(r["size"], r["accelerator"]): r["estimate_ms"] for r in part["rows"]
-            if r["graph"] == result["baseline"] and r["ok"]}
-    measured, costly = {}, False
-    for name in encoders:
-        over = [r["estimate_ms"] / base[(r["size"], r["accelerator"])] - 1 for r in rows
-                if r["graph"] == name and r["ok"] and (r["size"], r["accelerator"]) in base]
-        if over:
-            measured[name] = f"{100 * min(over):+.0f}% to {100 * max(over):+.0f}% vs no positions (Vela's estimate)"
-            costly |= max(over) > little
     if failed:
-        measured["missed"] = "; ".join(failed)
+        measured["missed"] = "; ".join(sorted(failed))
     outcome = "does not hold" if failed else "partly holds" if costly else "holds"
     return {"claim": CLAIM, "measured": measured, "verdict": outcome, "rule": rule}
 
 
 def render(result: dict, graphs: list[dict]) -> list[str]:
     """guide_vision.md's Ethos-U part, from the result alone."""
-    from .report import _table, claims_table, fmt_ms
-    part = result["npu_ethos_u"]
+    from .report import claims_table
+    parts = list(_parts(result))
     lines = ["## Ethos-U (Vela's build and estimate)", ""]
-    if not part["ran"]:
-        return lines + [f"Not run: {part['error']}", ""]
+    if not any(part["ran"] for part, _, _ in parts):
+        return lines + [f"Not run: {parts[0][0]['error']}", ""]
     c = result["npu_claim"]
     lines += claims_table([c]) + [f"Rule: {c['rule']}.", ""]
-    sizes = result["settings"]["npu_sizes"]
+    lines += ["Vela's estimate in ms per image or clip (not a measurement: no board here); in brackets: the "
+              "position cost, the estimate minus the no-position twin's at the same size; then ops on the NPU / "
+              "on the CPU and the int8 model's cosine against PyTorch fp32 (LiteRT, at build time).", ""]
+    video = result.get("video") or {}
+    for part, part_graphs, _ in parts:
+        image = part is result.get("npu_ethos_u")
+        sizes = result["settings"]["npu_sizes"] if image else video.get("npu_sizes", [])
+        lines += _tables(part, graphs if image else part_graphs, sizes, "" if image else "video (frames x H x W), ")
+    cpu = sorted({f"{r['graph']} {r['size']} {r['accelerator']}: {c['op']}: {c['reason']}"
+                  for part, _, _ in parts for r in part["rows"] if r["ok"] for c in r["cpu_fallbacks"]})
+    lines += ["Ops Vela left to the CPU (its words): " + ("none" if not cpu else ""), "", *[f"- {c}" for c in cpu], ""]
+    return lines
+
+
+def _tables(part: dict, graphs: list[dict], sizes: list[str], title: str) -> list[str]:
+    """One table per accelerator: graphs x sizes."""
+    from .report import _table, fmt_ms
+    if not part["ran"]:
+        return [f"### {title}not run: {part['error']}", ""]
+    lines = []
     cells = {(r["graph"], r["size"], r["accelerator"]): r for r in part["rows"]}
-    lines += ["Vela's estimate in ms per image (not a measurement: no board here); in brackets: the position "
-              "cost, the estimate minus the no-position ViT's at the same size; then ops on the NPU / on the CPU "
-              "and the int8 model's cosine against PyTorch fp32 (LiteRT, at build time).", ""]
     for accelerator in sorted({r["accelerator"] for r in part["rows"]}):
         table = []
         for g in graphs:
@@ -133,10 +164,7 @@ def render(result: dict, graphs: list[dict]) -> list[str]:
                     row.append(f"{fmt_ms(r['estimate_ms'])}{cost}; {r['npu_ops']}/{r['cpu_ops']} ops; "
                                f"{r['cosine']:.4f}")
             table.append(row)
-        lines += [f"### {accelerator}", ""]
+        lines += [f"### {title}{accelerator}", ""]
         lines += _table(["graph", *sizes], table)
-    cpu = sorted({f"{r['graph']} {r['size']} {r['accelerator']}: {c['op']}: {c['reason']}"
-                  for r in part["rows"] if r["ok"] for c in r["cpu_fallbacks"]})
-    lines += ["Ops Vela left to the CPU (its words): " + ("none" if not cpu else ""), "", *[f"- {c}" for c in cpu], ""]
     return lines
 
