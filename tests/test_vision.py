@@ -165,7 +165,8 @@ def test_rel_bias_2d_indexes_its_table_by_the_clamped_offset():
 @pytest.mark.parametrize("frames", [2, 6], ids=["one_frame_group", "three_frame_groups"])
 def test_a_video_stem_built_for_one_size_is_its_conv3d_as_a_conv2d(frames):
     """Vela has no CONV_3D: a video stem fixed to one size (the Ethos-U path) runs its
-    Conv3d as a Conv2d over stacked frames; the tokens and positions are the Conv3d's."""
+    Conv3d as a Conv2d over stacked frames; the tokens and positions are the Conv3d's. No
+    transpose of the pixels (Ethos-U55 refused one at 4x224x224, shape out of range)."""
     from portable_pe.spec.model import EncoderConfig
     from portable_pe.spec.vision import PatchStem, VisionConfig
     torch.manual_seed(0)
@@ -177,6 +178,8 @@ def test_a_video_stem_built_for_one_size_is_its_conv3d_as_a_conv2d(frames):
         got_tokens, got_positions = stem(pixels)
         traced = torch.export.export(stem, (pixels,)).graph_module.code
     assert "conv3d" not in traced and "conv2d" in traced, traced
+    # one transpose: the tokens' (B, D, N) -> (B, N, D), none of the pixels or the grid
+    assert traced.count("aten.transpose") + traced.count("aten.permute") == 1, traced
     assert torch.equal(got_positions, want_positions)
     torch.testing.assert_close(got_tokens, want_tokens, rtol=1e-5, atol=1e-5)
 

@@ -96,23 +96,22 @@ class PatchStem(nn.Module):
         return grid.flatten(2).transpose(1, 2), positions  # (B, N, D), (*grid, A)
 
     def _conv3d_as_conv2d(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """self.proj (Conv3d, kernel = stride) as a Conv2d over each frame group's frames
-        stacked as channels, for one static size: Vela has no CONV_3D (LiteRT keeps it float
-        on the CPU, behind a rank-5 transpose Vela refuses). A group's channels are
-        (channel, frame) in the kernel's order, so the weight reshapes to (D, C * kt, p, p)."""
+        """self.proj (Conv3d, kernel = stride) as one Conv2d per frame group, the group's
+        frames stacked as channels, for one static size: Vela has no CONV_3D (LiteRT keeps
+        it float on the CPU, behind a rank-5 transpose Vela refuses). A group's channels are
+        (channel, frame) in the kernel's order, so the weight reshapes to (D, C * kt, p, p),
+        and a group's slice of the pixels is already in that order: no transpose. (Moving
+        the groups ahead of the channels with one transpose instead, Vela left it on the
+        CPU for Ethos-U55 at 4x224x224: "Transpose with permutation NWHC has shape out of
+        range: 3, 2, 100352".)"""
         b, c, frames, h, w = pixel_values.shape
         kt, d = self.proj.kernel_size[0], self.proj.out_channels
         groups = frames // kt
-        stacked = pixel_values.reshape(b, c, groups, kt * h * w)
-        if groups > 1:  # one group (a short clip) needs no transpose at all
-            stacked = stacked.transpose(1, 2)
+        clips = pixel_values.reshape(b, c, groups, kt * h * w)
         weight = self.proj.weight.reshape(d, c * kt, *self.proj.kernel_size[1:])
-        out = nn.functional.conv2d(stacked.reshape(b * groups, c * kt, h, w), weight, self.proj.bias,
-                                   stride=self.proj.stride[1:])  # (B * groups, D, gh, gw)
-        gh, gw = out.shape[-2:]
-        if groups > 1:
-            out = out.reshape(b, groups, d, gh * gw).transpose(1, 2)
-        return out.reshape(b, d, groups, gh, gw)
+        outs = [nn.functional.conv2d(clips[:, :, g].reshape(b, c * kt, h, w), weight, self.proj.bias,
+                                     stride=self.proj.stride[1:]) for g in range(groups)]  # each (B, D, gh, gw)
+        return torch.stack(outs, dim=2)  # (B, D, groups, gh, gw)
 
     def fix_positions(self, pixel_values: torch.Tensor) -> None:
         """Use the positions of `pixel_values`' size as a constant: a program exported at one
