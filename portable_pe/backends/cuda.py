@@ -164,19 +164,27 @@ def _use_nvcc() -> None:
         os.environ["TVM_CUDA_COMPILE_MODE"] = "nvcc"
 
 
+def _prepare_codegen() -> None:
+    """What every cuda build needs before TVM emits its kernels: nvcc as the compiler, and
+    sin/cos lowered with their argument reduced (cuda_intrin: nvcc's fast math)."""
+    from .cuda_intrin import register
+    _use_nvcc()
+    register()
+
+
 def build(mod, target, pipeline):
     """The compile's build, inside the target's scope: the kernel compiler takes the SM
     arch from the target in scope, and without one nvcc fails ("No CUDA architecture was
     specified or GPU detected") or, on a GPU box, builds for the local GPU instead of
     --arch."""
-    _use_nvcc()
+    _prepare_codegen()
     with target:
         return tvm.compile(mod, target=target, relax_pipeline=pipeline)
 
 
 def build_candidate(mod, target):
     """A tuning candidate, built as the compile builds (build)."""
-    _use_nvcc()
+    _prepare_codegen()
     with target:
         return tvm.compile(mod, target=target)
 
