@@ -22,8 +22,8 @@ from .int8_matmul import is_integer_matmul, schedule_int8_matmul
 from .matmul import _match_matmul, _schedule_matmul
 from .patch_stem import PatchStemAsMatmul
 from .quant_matmul import LowerQuantizedMatmul
-from .reshape_views import LEGALIZE_MAP as RESHAPE_VIEWS
 from .reduction import _schedule_reduction_chain
+from .reshape_views import LEGALIZE_MAP as RESHAPE_VIEWS
 from .small_work import SerialWhenSmall
 from .weight_packing import FoldWeightPacking, MarkConstantWeights, SplitWeightPacking
 from .spatial import _schedule_spatial_block, _try_inline_spatial

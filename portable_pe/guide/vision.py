@@ -269,7 +269,7 @@ def render(result: dict) -> str:
         lines += _render_llvm(video["graphs"], video["baseline"], video["llvm"], video["sizes"], s["batches"],
                               twin="the no-position video ViT's", title="video (frames x H x W), ")
     if "npu_claim" in result:
-        lines += vision_npu.render(result, result["graphs"])
+        lines += vision_npu.render(result)
     return "\n".join(lines)
 
 

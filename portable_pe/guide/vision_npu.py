@@ -77,12 +77,13 @@ MIN_COSINE = 0.99
 
 
 def _parts(result: dict):
-    """(Vela's part, its graphs, its no-position baseline): the image graphs', then the video graphs'."""
+    """(Vela's part, its graphs, its no-position baseline, its sizes, its heading): the image
+    graphs', then the video graphs'."""
     video = result.get("video") or {}
-    for holder, graphs, baseline in ((result, result.get("graphs", []), result.get("baseline")),
-                                     (video, video.get("graphs", []), video.get("baseline"))):
+    image_sizes = result.get("settings", {}).get("npu_sizes", [])
+    for holder, sizes, title in ((result, image_sizes, ""), (video, video.get("npu_sizes", []), "video (frames x H x W), ")):
         if "npu_ethos_u" in holder:
-            yield holder["npu_ethos_u"], graphs, baseline
+            yield holder["npu_ethos_u"], holder.get("graphs", []), holder.get("baseline"), sizes, title
 
 
 def verdict(result: dict, *, little: float, windowed: str) -> dict:
@@ -95,10 +96,10 @@ def verdict(result: dict, *, little: float, windowed: str) -> dict:
             f"ViT's); partly holds when all build on the NPU alone and accurate but some cost more; does not hold "
             f"otherwise")
     measured, failed, costly = {}, set(), False
-    for part, graphs, baseline in _parts(result):
-        encoders = [g["name"] for g in graphs if g["name"] != baseline and g["encoding"] != windowed]
+    for part, graphs, baseline, _, _ in _parts(result):
         if not part["ran"]:
             continue
+        encoders = [g["name"] for g in graphs if g["name"] != baseline and g["encoding"] != windowed]
         rows = [r for r in part["rows"] if r["graph"] in encoders]
         failed |= {f"{r['graph']} {r['size']} {r['accelerator']}: " + (
             "not built" if not r["ok"] else f"{r['cpu_ops']} op(s) on the CPU" if r["cpu_ops"]
@@ -119,25 +120,22 @@ def verdict(result: dict, *, little: float, windowed: str) -> dict:
     return {"claim": CLAIM, "measured": measured, "verdict": outcome, "rule": rule}
 
 
-def render(result: dict, graphs: list[dict]) -> list[str]:
+def render(result: dict) -> list[str]:
     """guide_vision.md's Ethos-U part, from the result alone."""
     from .report import claims_table
     parts = list(_parts(result))
     lines = ["## Ethos-U (Vela's build and estimate)", ""]
-    if not any(part["ran"] for part, _, _ in parts):
+    if not any(part["ran"] for part, *_ in parts):
         return lines + [f"Not run: {parts[0][0]['error']}", ""]
     c = result["npu_claim"]
     lines += claims_table([c]) + [f"Rule: {c['rule']}.", ""]
     lines += ["Vela's estimate in ms per image or clip (not a measurement: no board here); in brackets: the "
               "position cost, the estimate minus the no-position twin's at the same size; then ops on the NPU / "
               "on the CPU and the int8 model's cosine against PyTorch fp32 (LiteRT, at build time).", ""]
-    video = result.get("video") or {}
-    for part, part_graphs, _ in parts:
-        image = part is result.get("npu_ethos_u")
-        sizes = result["settings"]["npu_sizes"] if image else video.get("npu_sizes", [])
-        lines += _tables(part, graphs if image else part_graphs, sizes, "" if image else "video (frames x H x W), ")
+    for part, graphs, _, sizes, title in parts:
+        lines += _tables(part, graphs, sizes, title)
     cpu = sorted({f"{r['graph']} {r['size']} {r['accelerator']}: {c['op']}: {c['reason']}"
-                  for part, _, _ in parts for r in part["rows"] if r["ok"] for c in r["cpu_fallbacks"]})
+                  for part, *_ in parts for r in part["rows"] if r["ok"] for c in r["cpu_fallbacks"]})
     lines += ["Ops Vela left to the CPU (its words): " + ("none" if not cpu else ""), "", *[f"- {c}" for c in cpu], ""]
     return lines
 
