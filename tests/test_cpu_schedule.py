@@ -369,3 +369,103 @@ def test_sigmoid_is_a_vectorizable_polynomial():
     want = x / (1 + np.exp(-x.astype(np.float64))) * up
     got = vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(up)).numpy()
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6)
+
+
+@I.ir_module
+class RotateHalf:
+    """RoPE's rotate-half on [seq, heads, 64], then (`kt`) the Kᵀ layout attention takes."""
+    @R.function
+    def main(x: R.Tensor(("seq", 4, 64), "float32"), cos: R.Tensor(("seq", 1, 64), "float32"),
+             sin: R.Tensor(("seq", 1, 64), "float32")):
+        with R.dataflow():
+            first = R.strided_slice(x, axes=[2], begin=[0], end=[32])
+            second = R.strided_slice(x, axes=[2], begin=[32], end=[64])
+            rotated = R.concat([R.negative(second), first], axis=2)
+            y = R.add(R.multiply(x, cos), R.multiply(rotated, sin))
+            R.output(y)
+        return y
+
+    @R.function
+    def kt(x: R.Tensor(("seq", 4, 64), "float32"), cos: R.Tensor(("seq", 1, 64), "float32"),
+           sin: R.Tensor(("seq", 1, 64), "float32")):
+        with R.dataflow():
+            first = R.strided_slice(x, axes=[2], begin=[0], end=[32])
+            second = R.strided_slice(x, axes=[2], begin=[32], end=[64])
+            rotated = R.concat([R.negative(second), first], axis=2)
+            y = R.permute_dims(R.add(R.multiply(x, cos), R.multiply(rotated, sin)), [1, 2, 0])
+            R.output(y)
+        return y
+
+
+def _rotate_half_reference(x, cos, sin):
+    rotated = np.concatenate([-x[..., 32:], x[..., :32]], axis=-1)
+    return x * cos + rotated * sin
+
+
+def _kernel_named(mod, fragment, without="-"):
+    (func,) = [f for gv, f in mod.functions_items()
+               if isinstance(f, tirx.PrimFunc) and fragment in gv.name_hint and without not in gv.name_hint]
+    return func
+
+
+def test_a_concat_along_the_vector_dim_is_vectorized_in_parts():
+    """The rotate-half's concat stores if_then_else(32 <= d, ...). Vectorized along d, that
+    condition differs between lanes and TVM scalarizes the loop; partitioned at 32, each
+    part is vectorized with the condition decided by its range."""
+    from portable_pe.cpu_schedule.concat_lanes import boundaries
+    func = _kernel_named(_scheduled(RotateHalf), "concatenate", without="transpose")
+    blocks = [b for b in _blocks_under(func.body) if any(boundaries(b).values())]
+    assert len(blocks) == 2, func.script()  # the concat block, once per part
+    vectorized = [s for s in _walk(func.body) if _node(s) == "For" and s.kind == tirx.ForKind.VECTORIZED]
+    assert len(vectorized) >= 2 and all(int(s.extent) == _vector_lanes(HOST) for s in vectorized), func.script()
+    vm = relax.VirtualMachine(tvm.compile(RotateHalf, target=HOST, relax_pipeline=cpu_pipeline(HOST)), tvm.cpu())
+    rng = np.random.default_rng(11)
+    for seq in (5, 37):  # under one chunk of positions, and with a ragged last chunk
+        x, cos, sin = (rng.standard_normal(shape).astype("float32") for shape in
+                       ((seq, 4, 64), (seq, 1, 64), (seq, 1, 64)))
+        args = [tvm.runtime.tensor(a) for a in (x, cos, sin)]
+        want = _rotate_half_reference(x, cos, sin)
+        np.testing.assert_allclose(vm["main"](*args).numpy(), want, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(vm["kt"](*args).numpy(), want.transpose(1, 2, 0), rtol=1e-6, atol=1e-6)
+
+
+def test_a_transposed_copy_along_a_dynamic_dim_is_computed_in_tiles():
+    """Kᵀ [heads, 64, seq] from [seq, heads, 64]: the values are computed 16 positions at a
+    time, vectorized along the head dim (contiguous reads), into a tile that the copy reads
+    back transposed; the stored (dynamic) dim no longer walks the reads' rows."""
+    from portable_pe.cpu_schedule.transpose_tiles import _TILE
+    func = _kernel_named(_scheduled(RotateHalf), "transpose")
+    script = func.script()
+    assert "_global" in script, script  # the tile the values go through
+    vectorized = [s for s in _walk(func.body) if _node(s) == "For" and s.kind == tirx.ForKind.VECTORIZED]
+    assert vectorized and all(int(s.extent) == _vector_lanes(HOST) for s in vectorized), script
+    serial = [s for s in _walk(func.body) if _node(s) == "For" and s.kind == tirx.ForKind.SERIAL
+              and _const_int(s.extent) == _TILE]
+    assert serial, script  # the tile's positions
+
+
+@I.ir_module
+class HeadsFirst:
+    @R.function
+    def main(x: R.Tensor(("seq", 4, 16), "float32")):
+        with R.dataflow():
+            y = R.permute_dims(x, [1, 0, 2])
+            R.output(y)
+        return y
+
+
+def test_a_dynamic_dim_inside_the_parallel_loop_is_taken_in_chunks():
+    """[4, seq, 16]: a work item per (head, position) would be one vector and divide by seq
+    to find its indices; the positions come in chunks, so each item has 256 elements."""
+    from portable_pe.cpu_schedule.loops import _MIN_ITEM_ELEMENTS
+    func = _kernel_named(_scheduled(HeadsFirst), "transpose")
+    (parallel,) = _parallel_loops(func)
+    inside = [s for s in _walk(parallel.body) if _node(s) == "For"]
+    elements = 1
+    for loop in inside:
+        elements *= _const_int(loop.extent)
+    assert elements == _MIN_ITEM_ELEMENTS, func.script()
+    vm = relax.VirtualMachine(tvm.compile(HeadsFirst, target=HOST, relax_pipeline=cpu_pipeline(HOST)), tvm.cpu())
+    for seq in (3, 40):
+        x = np.random.default_rng(seq).standard_normal((seq, 4, 16)).astype("float32")
+        np.testing.assert_array_equal(vm["main"](tvm.runtime.tensor(x)).numpy(), x.transpose(1, 0, 2))

@@ -18,7 +18,9 @@ vectorized, register-tiled CPU schedule without any tuning:
   loop over rows, with all the row's stages computed inside it and the
   elementwise stages vectorized;
 * everything else (transposes, RoPE slice/concat chains, splits, casts, ...)
-  gets the generic rule: parallel outer fused loop, vectorized inner loop;
+  gets the generic rule: parallel outer fused loop, vectorized inner loop, work items
+  of at least a few hundred elements; a concat along the vector dim (RoPE's rotate-half)
+  is vectorized in parts, and a transposed copy along a dynamic dim (Kᵀ) in tiles;
 * whoever scheduled a kernel (these rules or a tuning database), a parallel nest
   whose work is too small to pay for waking the thread pool runs serially.
 
@@ -39,7 +41,10 @@ Modules
 -------
 ``tir_util``   target facts (SIMD lanes, cores) and small TIR inspection helpers
 ``relax_util`` a Relax tensor's dtype and dims; one mutator over every Relax function
-``spatial``    inlining, vectorize/parallel helpers, the generic injective rule
+``loops``      the parallel and vector loops every rule shapes (work-item sizes)
+``spatial``    inlining and the generic injective rule
+``concat_lanes``  a concat along the vector dim, vectorized in parts (no per-lane select)
+``transpose_tiles``  a transposed copy along a dynamic dim, computed in tiles
 ``matmul``     matmul matching and the register-blocked micro-kernel schedule
 ``reduction``  the row-reduction-chain rule (softmax / norms)
 ``fast_math``  ``CPUFastMath``: vectorizable gelu/softmax/exp/erf/tanh

@@ -69,9 +69,15 @@ def pack_kt(kt: te.Tensor) -> te.Tensor:
 
     def element(i, j, panel, pair, lane):
         key = panel * 16 + lane
+        whole = _pair(kt[i, j, pair * 2, key], kt[i, j, pair * 2 + 1, key])
+        # The last panel's keys past S read clamped and come out 0. That needs a Select
+        # over the lanes (TVM scalarizes an if_then_else whose condition varies across
+        # lanes), and a clamped index is a gather; so only the last panel takes that path
+        # (its condition is the same for every lane), and whole panels load plain vectors.
         safe = tirx.min(key, s - 1)
-        return tirx.if_then_else(key < s, _pair(kt[i, j, pair * 2, safe], kt[i, j, pair * 2 + 1, safe]),
-                                 tirx.const(0, "uint32"))
+        last = tirx.Select(key < s, _pair(kt[i, j, pair * 2, safe], kt[i, j, pair * 2 + 1, safe]),
+                           tirx.const(0, "uint32"))
+        return tirx.if_then_else(panel * 16 + 16 <= s, whole, last)
     return te.compute((b, h, _padded(s, _KEYS) // 16, d // 2, 16), element, name="pack_kt")
 
 

@@ -21,7 +21,7 @@ from .bf16_isa import AMX_K, AMX_TILE, AVX512_BF16, amx_intrin, AMX_IR, bf16_ker
 from .bf16_neon import NEON_BFMMLA, fits_bfmmla
 from .int8_matmul import schedule_dot_matmul
 from .matmul import _pack_constant_weight, _pad_to_tiles
-from .spatial import _parallel_outer, _vectorize_inner
+from .loops import _parallel_outer, _vectorize_inner
 from .tir_util import _loop_extent, _region_buffer, _vector_lanes
 
 

@@ -26,7 +26,7 @@ import logging
 
 from .int8_isa import int8_isa
 from .matmul import _pack_constant_weight, _pad_to_tiles
-from .spatial import _parallel_outer, _vectorize_inner
+from .loops import _parallel_outer, _vectorize_inner
 from .tir_util import _loop_extent, _region_buffer
 
 logger = logging.getLogger(__package__)

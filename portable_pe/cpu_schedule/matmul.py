@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 
-from .spatial import _parallel_outer, _schedule_spatial_block, _vectorize_inner
+from .loops import _parallel_outer, _vectorize_inner
+from .spatial import _schedule_spatial_block
 from .tir_util import (
     _block_kinds,
     _const_int,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from .spatial import _parallel_outer, _vectorize_inner
+from .loops import _parallel_outer, _vectorize_inner
 from .tir_util import _block_kinds, _is_spatial, _loop_extent, _vector_lanes
 
 logger = logging.getLogger(__package__)

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import re
 
+from .concat_lanes import schedule_concat_lanes
+from .loops import _parallel_items, _vectorize_inner
 from .tir_util import _is_spatial, _loop_extent, _region_buffer
+from .transpose_tiles import schedule_transpose_tiles
 
 
 def _try_inline_spatial(sch, blocks):
@@ -76,53 +79,14 @@ def _has_expensive_math(block) -> bool:
     return any(f"{k}(" in text for k in _EXPENSIVE_OPS) or " / " in text
 
 
-def _vectorize_inner(sch, loop, lanes):
-    """Split ``loop`` by ``lanes`` and vectorize the inner part, if worthwhile.
-
-    Returns the outer loop (or the loop itself when nothing was done)."""
-    ext = _loop_extent(sch, loop)
-    if ext is not None:
-        if ext <= 1:
-            return loop
-        if ext <= lanes:
-            sch.vectorize(loop)
-            return None
-        if ext % lanes == 0:
-            outer, inner = sch.split(loop, [None, lanes])
-            sch.vectorize(inner)
-            return outer
-        # static but not divisible: vectorize the largest power-of-two divisor
-        vec = 1
-        while vec * 2 <= lanes and ext % (vec * 2) == 0:
-            vec *= 2
-        if vec >= 4:
-            outer, inner = sch.split(loop, [None, vec])
-            sch.vectorize(inner)
-            return outer
-        return loop
-    # Dynamic extent: a split would put a lane-dependent predicate in the
-    # vector body, which TVM's VectorizeLoop scalarizes (and TIR LoopPartition
-    # does not peel non-`likely` block predicates).  Leave the loop serial:
-    # LLVM's loop vectorizer handles runtime trip counts with its own epilogue.
-    return loop
-
-
-def _parallel_outer(sch, loops, min_chunk=1):
-    """Fuse the given (outer, spatial) loops and parallelize the result."""
-    loops = [l for l in loops if l is not None]
-    if not loops:
-        return None
-    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-    sch.parallel(fused)
-    return fused
-
-
 # --------------------------------------------------------------------------------------
 # Rule: generic injective fallback
 # --------------------------------------------------------------------------------------
 def _schedule_spatial_block(sch, block, lanes, parallel=True):
     loops = sch.get_loops(block)
     if not loops:
+        return
+    if schedule_concat_lanes(sch, block, lanes, parallel) or schedule_transpose_tiles(sch, block, lanes, parallel):
         return
     # An innermost dim narrower than a vector (the pairs of an interleaved rotation,
     # [..., 32, 2] or [..., 32, 1]) leaves nothing to vectorize: fuse static inner dims
@@ -142,6 +106,6 @@ def _schedule_spatial_block(sch, block, lanes, parallel=True):
         # keep outer part of the innermost dim serial inside the parallel loop
         pass
     if parallel and rest:
-        _parallel_outer(sch, rest)
+        _parallel_items(sch, rest, ext)
     elif parallel and outer is not None and ext is None:
         sch.parallel(outer)

@@ -126,6 +126,18 @@ def _expr_vars(expr) -> set:
         return set()
 
 
+def _loads_of_value(expr):
+    """Every load in a stored value (through arithmetic, casts, selects and calls)."""
+    if _is_load(expr):
+        yield expr
+    for child in ("a", "b", "value", "condition", "true_value", "false_value"):
+        if hasattr(expr, child):
+            yield from _loads_of_value(getattr(expr, child))
+    if _node(expr) == "Call":
+        for arg in expr.args:
+            yield from _loads_of_value(arg)
+
+
 def _stmt_children(stmt) -> list:
     """The statements directly under a scheduled-TIR statement (loops, sequences, ifs, blocks)."""
     kind = _node(stmt)

@@ -1,0 +1,78 @@
+"""The parallel and vector loops of a nest: the helpers every CPU rule shapes its loops with."""
+
+from __future__ import annotations
+
+from .tir_util import _loop_extent
+
+
+def _vectorize_inner(sch, loop, lanes):
+    """Split ``loop`` by ``lanes`` and vectorize the inner part, if worthwhile.
+
+    Returns the outer loop (or the loop itself when nothing was done)."""
+    ext = _loop_extent(sch, loop)
+    if ext is not None:
+        if ext <= 1:
+            return loop
+        if ext <= lanes:
+            sch.vectorize(loop)
+            return None
+        if ext % lanes == 0:
+            outer, inner = sch.split(loop, [None, lanes])
+            sch.vectorize(inner)
+            return outer
+        # static but not divisible: vectorize the largest power-of-two divisor
+        vec = 1
+        while vec * 2 <= lanes and ext % (vec * 2) == 0:
+            vec *= 2
+        if vec >= 4:
+            outer, inner = sch.split(loop, [None, vec])
+            sch.vectorize(inner)
+            return outer
+        return loop
+    # Dynamic extent: a split would put a lane-dependent predicate in the
+    # vector body, which TVM's VectorizeLoop scalarizes (and TIR LoopPartition
+    # does not peel non-`likely` block predicates).  Leave the loop serial:
+    # LLVM's loop vectorizer handles runtime trip counts with its own epilogue.
+    return loop
+
+
+def _parallel_outer(sch, loops, min_chunk=1):
+    """Fuse the given (outer, spatial) loops and parallelize the result."""
+    loops = [l for l in loops if l is not None]
+    if not loops:
+        return None
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    sch.parallel(fused)
+    return fused
+
+
+# A work item whose loops include a dynamic dim that is not the outermost finds its indices
+# by dividing by that dim's extent at run time (64-bit divisions, tens of cycles each).
+# Items of one vector (pack_v: 16 lanes per item, five such divisions) spend more on that
+# than on their copy. So a dynamic dim inside the parallel loop takes in whole chunks of
+# positions: at least this many elements per item.
+_MIN_ITEM_ELEMENTS = 256
+_MAX_CHUNK = 64
+
+
+def _parallel_items(sch, loops, inner_elements):
+    """Parallelize the outer ``loops`` of a spatial nest whose innermost (vectorized) part
+    does ``inner_elements`` elements, with work items big enough to pay for their index
+    arithmetic (see _MIN_ITEM_ELEMENTS). Static loops after the last dynamic one stay
+    inside each item; when they and the inner part are still too little work, the dynamic
+    loop is split and its inner chunk stays inside the item too."""
+    loops = [l for l in loops if l is not None]
+    dynamic = [i for i, l in enumerate(loops) if _loop_extent(sch, l) is None]
+    if not dynamic or dynamic[-1] == 0 or inner_elements is None:
+        return _parallel_outer(sch, loops)
+    last = dynamic[-1]
+    work = inner_elements
+    for loop in loops[last + 1:]:
+        work *= _loop_extent(sch, loop)
+    if work >= _MIN_ITEM_ELEMENTS:
+        return _parallel_outer(sch, loops[:last + 1])
+    chunk = 1
+    while chunk * work < _MIN_ITEM_ELEMENTS and chunk < _MAX_CHUNK:
+        chunk *= 2
+    chunks, _ = sch.split(loops[last], [None, chunk])
+    return _parallel_outer(sch, [*loops[:last], chunks])
