@@ -62,6 +62,27 @@ def test_bf16_bits_rounds_as_pytorch_does():
     assert np.all(np.isnan(_widen(ours[~finite])))
 
 
+def test_the_kernels_bf16_rounding_reads_its_value_once_and_rounds_as_pytorch():
+    """The rounding reads its float three times (low bit, rounding, NaN test); bound once, a
+    producer inlined into it (pack_q's RoPE rotation, a gelu epilogue) is computed once, so
+    the scheduler inlines it instead of keeping a full-size intermediate."""
+    import tvm
+    from tvm import te
+    from portable_pe.cpu_schedule.bf16_linear import bf16_bits_expr
+    x = te.placeholder((len(_edge_values()) + 64,), "float32", name="x")
+    y = te.compute(x.shape, lambda i: bf16_bits_expr(x[i] * 3.0), name="y")
+    assert str(y.op.body[0]).count("T.float32(3.0)") == 1, y.op.body[0]  # the product, once
+    func = te.create_prim_func([x, y])
+    run = tvm.compile(tvm.IRModule({"main": func}), target="llvm")
+    values = np.concatenate([_edge_values(), np.random.default_rng(1).standard_normal(64).astype(np.float32)])
+    out = tvm.runtime.tensor(np.zeros(values.shape, "uint16"))
+    run["main"](tvm.runtime.tensor(values), out)
+    scaled = values * np.float32(3.0)
+    finite = ~np.isnan(scaled)
+    assert np.array_equal(out.numpy()[finite], _torch_bits(scaled)[finite])
+    assert np.all(np.isnan(_widen(out.numpy()[~finite])))
+
+
 def _matmul_module(k: int, n: int, *, rows=("T",), seed: int = 0):
     """x [*rows, K] -> (x + 1) @ W + b -> gelu, with W and b constants: a linear layer
     whose input is made by an elementwise op, and whose epilogue has a bias and activation."""

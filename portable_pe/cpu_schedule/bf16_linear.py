@@ -50,11 +50,15 @@ def bf16_bits_expr(value, *, dtype: str = "uint16"):
     """bf16_bits of one float32 TIR value: add 0x7FFF plus the lowest kept bit, keep the
     high half (as `dtype`). NaN is found by its bits (an integer compare, which vectorizes
     where a float isnan test in a loop with other stores did not)."""
-    bits = tirx.reinterpret("uint32", value)
+    # bound once (a Let): the bits are read three times below, and a producer inlined into
+    # this expression (pack_q's RoPE rotation) would otherwise be computed three times, so
+    # the scheduler would keep it as a separate full-size intermediate instead
+    bits = tirx.Var("bits", "uint32")
     kept_lsb = tirx.bitwise_and(tirx.shift_right(bits, tirx.const(16, "uint32")), tirx.const(1, "uint32"))
     rounded = tirx.shift_right(bits + tirx.const(0x7FFF, "uint32") + kept_lsb, tirx.const(16, "uint32"))
     nan = tirx.bitwise_and(bits, tirx.const(0x7FFFFFFF, "uint32")) > tirx.const(0x7F800000, "uint32")
-    return tirx.Select(nan, tirx.const(_QUIET_NAN, dtype), rounded.astype(dtype))
+    return tirx.Let(bits, tirx.reinterpret("uint32", value),
+                    tirx.Select(nan, tirx.const(_QUIET_NAN, dtype), rounded.astype(dtype)))
 
 
 def _round_to_bf16_bits(x: te.Tensor, width=None) -> te.Tensor:

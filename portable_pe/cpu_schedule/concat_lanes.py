@@ -33,7 +33,7 @@ def boundaries(block) -> dict:
         kind = _node(expr)
         if kind == "Call" and getattr(expr.op, "name", "").endswith("if_then_else"):
             _record(expr.args[0], iter_vars, found)
-        for child in ("a", "b", "value", "condition", "true_value", "false_value"):
+        for child in ("a", "b", "value", "body", "condition", "true_value", "false_value"):
             if hasattr(expr, child):
                 visit(getattr(expr, child))
         if kind == "Call":

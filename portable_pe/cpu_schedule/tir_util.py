@@ -130,7 +130,7 @@ def _loads_of_value(expr):
     """Every load in a stored value (through arithmetic, casts, selects and calls)."""
     if _is_load(expr):
         yield expr
-    for child in ("a", "b", "value", "condition", "true_value", "false_value"):
+    for child in ("a", "b", "value", "body", "condition", "true_value", "false_value"):
         if hasattr(expr, child):
             yield from _loads_of_value(getattr(expr, child))
     if _node(expr) == "Call":
