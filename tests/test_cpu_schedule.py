@@ -469,3 +469,34 @@ def test_a_dynamic_dim_inside_the_parallel_loop_is_taken_in_chunks():
     for seq in (3, 40):
         x = np.random.default_rng(seq).standard_normal((seq, 4, 16)).astype("float32")
         np.testing.assert_array_equal(vm["main"](tvm.runtime.tensor(x)).numpy(), x.transpose(1, 0, 2))
+
+
+def _split_heads_module():
+    """[seq, 64] (+ bias) read as 4 heads of 16: [4, seq, 16], the q/k/v head split."""
+    seq = tirx.Var("seq", "int64")
+    x = relax.Var("x", relax.TensorType([seq, 64], "float32"))
+    bias = relax.const(np.arange(64, dtype="float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            heads = bb.emit(relax.op.reshape(relax.op.add(x, bias), [seq, 4, 16]))
+            out = bb.emit_output(relax.op.permute_dims(heads, [1, 0, 2]))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_a_head_split_reads_each_positions_heads_together():
+    """Heads outside positions walked the input one head per row; positions outside read a
+    row's heads one after another: the heads' loop runs inside the positions' loop."""
+    module = _split_heads_module()
+    func = _kernel_named(_scheduled(module), "transpose")
+    (realize,) = [s for s in _walk(func.body) if _node(s) == "SBlockRealize" and s.block.name_hint == "T_transpose"]
+    heads, positions = realize.iter_values[0], realize.iter_values[1]
+    # one parallel loop over (position, head) items, the head fastest: item % 4 is the head
+    assert _node(heads) == "FloorMod" and _const_int(heads.b) == 4, func.script()
+    assert _node(positions) == "FloorDiv" and _const_int(positions.b) == 4, func.script()
+    vm = relax.VirtualMachine(tvm.compile(module, target=HOST, relax_pipeline=cpu_pipeline(HOST)), tvm.cpu())
+    for seq in (3, 40):
+        x = np.random.default_rng(seq).standard_normal((seq, 64)).astype("float32")
+        want = (x + np.arange(64, dtype="float32")).reshape(seq, 4, 16).transpose(1, 0, 2)
+        np.testing.assert_array_equal(vm["main"](tvm.runtime.tensor(x)).numpy(), want)

@@ -14,7 +14,7 @@ four layers. transpose_tiles uses the same parts for the Kᵀ kernel's values.
 
 from __future__ import annotations
 
-from .loops import _parallel_items
+from .loops import _parallel_items, _positions_outside_heads
 from .tir_util import _is_store, _loop_extent, _node
 
 _COMPARISONS = ("LE", "LT", "GE", "GT")
@@ -109,6 +109,7 @@ def schedule_concat_lanes(sch, block, lanes: int, parallel: bool = True) -> bool
     extent = _loop_extent(sch, loops[-1])
     if not cuts or part_width(extent, cuts, lanes) is None:
         return False
+    loops = _positions_outside_heads(sch, block)
     if parallel and len(loops) > 1:
         _parallel_items(sch, loops[:-1], extent)
     return vectorize_in_parts(sch, loops[-1], cuts, lanes)

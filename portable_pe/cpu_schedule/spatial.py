@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from .concat_lanes import schedule_concat_lanes
-from .loops import _parallel_items, _vectorize_inner
+from .loops import _parallel_items, _positions_outside_heads, _vectorize_inner
 from .tir_util import _is_spatial, _loop_extent, _region_buffer
 from .transpose_tiles import schedule_transpose_tiles
 
@@ -88,6 +88,7 @@ def _schedule_spatial_block(sch, block, lanes, parallel=True):
         return
     if schedule_concat_lanes(sch, block, lanes, parallel) or schedule_transpose_tiles(sch, block, lanes, parallel):
         return
+    loops = _positions_outside_heads(sch, block)
     # An innermost dim narrower than a vector (the pairs of an interleaved rotation,
     # [..., 32, 2] or [..., 32, 1]) leaves nothing to vectorize: fuse static inner dims
     # until they fill one.
