@@ -371,30 +371,23 @@ def test_sigmoid_is_a_vectorizable_polynomial():
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6)
 
 
-@I.ir_module
-class RotateHalf:
-    """RoPE's rotate-half on [seq, heads, 64], then (`kt`) the Kᵀ layout attention takes."""
-    @R.function
-    def main(x: R.Tensor(("seq", 4, 64), "float32"), cos: R.Tensor(("seq", 1, 64), "float32"),
-             sin: R.Tensor(("seq", 1, 64), "float32")):
-        with R.dataflow():
-            first = R.strided_slice(x, axes=[2], begin=[0], end=[32])
-            second = R.strided_slice(x, axes=[2], begin=[32], end=[64])
-            rotated = R.concat([R.negative(second), first], axis=2)
-            y = R.add(R.multiply(x, cos), R.multiply(rotated, sin))
-            R.output(y)
-        return y
-
-    @R.function
-    def kt(x: R.Tensor(("seq", 4, 64), "float32"), cos: R.Tensor(("seq", 1, 64), "float32"),
-           sin: R.Tensor(("seq", 1, 64), "float32")):
-        with R.dataflow():
-            first = R.strided_slice(x, axes=[2], begin=[0], end=[32])
-            second = R.strided_slice(x, axes=[2], begin=[32], end=[64])
-            rotated = R.concat([R.negative(second), first], axis=2)
-            y = R.permute_dims(R.add(R.multiply(x, cos), R.multiply(rotated, sin)), [1, 2, 0])
-            R.output(y)
-        return y
+def _rotate_half_module():
+    """RoPE's rotate-half on [seq, heads, 64] (`main`), and the same then laid out as the Kᵀ
+    attention takes (`kt`)."""
+    bb = relax.BlockBuilder()
+    for name, transposed in (("main", False), ("kt", True)):
+        seq = tirx.Var("seq", "int64")
+        x = relax.Var("x", relax.TensorType([seq, 4, 64], "float32"))
+        cos, sin = (relax.Var(n, relax.TensorType([seq, 1, 64], "float32")) for n in ("cos", "sin"))
+        with bb.function(name, [x, cos, sin]):
+            with bb.dataflow():
+                first = relax.op.strided_slice(x, axes=[2], begin=[0], end=[32])
+                second = relax.op.strided_slice(x, axes=[2], begin=[32], end=[64])
+                rotated = relax.op.concat([relax.op.negative(second), first], axis=2)
+                y = relax.op.add(relax.op.multiply(x, cos), relax.op.multiply(rotated, sin))
+                out = bb.emit_output(relax.op.permute_dims(y, [1, 2, 0]) if transposed else y)
+            bb.emit_func_output(out)
+    return bb.get()
 
 
 def _rotate_half_reference(x, cos, sin):
@@ -413,12 +406,12 @@ def test_a_concat_along_the_vector_dim_is_vectorized_in_parts():
     condition differs between lanes and TVM scalarizes the loop; partitioned at 32, each
     part is vectorized with the condition decided by its range."""
     from portable_pe.cpu_schedule.concat_lanes import boundaries
-    func = _kernel_named(_scheduled(RotateHalf), "concatenate", without="transpose")
+    func = _kernel_named(_scheduled(_rotate_half_module()), "concatenate", without="transpose")
     blocks = [b for b in _blocks_under(func.body) if any(boundaries(b).values())]
     assert len(blocks) == 2, func.script()  # the concat block, once per part
     vectorized = [s for s in _walk(func.body) if _node(s) == "For" and s.kind == tirx.ForKind.VECTORIZED]
     assert len(vectorized) >= 2 and all(int(s.extent) == _vector_lanes(HOST) for s in vectorized), func.script()
-    vm = relax.VirtualMachine(tvm.compile(RotateHalf, target=HOST, relax_pipeline=cpu_pipeline(HOST)), tvm.cpu())
+    vm = relax.VirtualMachine(tvm.compile(_rotate_half_module(), target=HOST, relax_pipeline=cpu_pipeline(HOST)), tvm.cpu())
     rng = np.random.default_rng(11)
     for seq in (5, 37):  # under one chunk of positions, and with a ragged last chunk
         x, cos, sin = (rng.standard_normal(shape).astype("float32") for shape in
@@ -434,7 +427,7 @@ def test_a_transposed_copy_along_a_dynamic_dim_is_computed_in_tiles():
     time, vectorized along the head dim (contiguous reads), into a tile that the copy reads
     back transposed; the stored (dynamic) dim no longer walks the reads' rows."""
     from portable_pe.cpu_schedule.transpose_tiles import _TILE
-    func = _kernel_named(_scheduled(RotateHalf), "transpose")
+    func = _kernel_named(_scheduled(_rotate_half_module()), "transpose")
     script = func.script()
     assert "_global" in script, script  # the tile the values go through
     vectorized = [s for s in _walk(func.body) if _node(s) == "For" and s.kind == tirx.ForKind.VECTORIZED]

@@ -1,5 +1,6 @@
-"""Spatial blocks that pick their value per position of a static dim: the concats of RoPE's
-rotate-half (``cat(-x2, x1)``), of M-RoPE's sections and of 2D RoPE's per-axis halves.
+"""Spatial blocks that pick their value per position of a static dim: the concat of RoPE's
+rotate-half (``cat(-x2, x1)``); the rule fires in the rope, vit_rope_2d and video_mrope
+builds.
 
 After inlining, such a block stores ``if_then_else(32 <= d, A, B)``. Vectorized along
 ``d``, the condition differs between lanes, and TVM's VectorizeLoop then scalarizes the
@@ -15,7 +16,7 @@ four layers. transpose_tiles uses the same parts for the Kᵀ kernel's values.
 from __future__ import annotations
 
 from .loops import _parallel_items, _positions_outside_heads
-from .tir_util import _is_store, _loop_extent, _node
+from .tir_util import _is_store, _loop_extent, _node, _subexprs
 
 _COMPARISONS = ("LE", "LT", "GE", "GT")
 
@@ -28,19 +29,9 @@ def boundaries(block) -> dict:
         return {}
     iter_vars = {iv.var for iv in block.iter_vars}
     found: dict = {}
-
-    def visit(expr):
-        kind = _node(expr)
-        if kind == "Call" and getattr(expr.op, "name", "").endswith("if_then_else"):
+    for expr in _subexprs(block.body.value):
+        if _node(expr) == "Call" and getattr(expr.op, "name", "").endswith("if_then_else"):
             _record(expr.args[0], iter_vars, found)
-        for child in ("a", "b", "value", "body", "condition", "true_value", "false_value"):
-            if hasattr(expr, child):
-                visit(getattr(expr, child))
-        if kind == "Call":
-            for arg in expr.args:
-                visit(arg)
-
-    visit(block.body.value)
     return {var: sorted(points) for var, points in found.items()}
 
 

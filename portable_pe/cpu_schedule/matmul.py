@@ -19,6 +19,7 @@ from .tir_util import (
     _is_load,
     _is_store,
     _load_buffer,
+    _loads_of_value,
     _loop_extent,
     _node,
     _num_cores,
@@ -208,16 +209,7 @@ def _pack_constant_weight(sch, mm_block, j_var, nj: int, *, kg: int = 1) -> bool
 def _loads_of(expr, buffer):
     """Loads of ``buffer`` in a matmul update expression (Add/Mul/Cast/shift of loads, and
     the reinterpret call of a bf16 operand)."""
-    if _is_load(expr):
-        if _load_buffer(expr).same_as(buffer):
-            yield expr
-        return
-    for child in ("a", "b", "value"):
-        if hasattr(expr, child):
-            yield from _loads_of(getattr(expr, child), buffer)
-    if _node(expr) == "Call":
-        for arg in expr.args:
-            yield from _loads_of(arg, buffer)
+    return (load for load in _loads_of_value(expr) if _load_buffer(load).same_as(buffer))
 
 
 def _pad_to_tiles(sch, mm_block, other_blocks, padding: list[int], lanes: int, *, pads_out: list | None = None):

@@ -126,16 +126,21 @@ def _expr_vars(expr) -> set:
         return set()
 
 
-def _loads_of_value(expr):
-    """Every load in a stored value (through arithmetic, casts, selects and calls)."""
-    if _is_load(expr):
-        yield expr
+def _subexprs(expr):
+    """`expr` and every expression under it (arithmetic, casts, lets, selects, call
+    arguments), parents first; a load's indices are not entered."""
+    yield expr
     for child in ("a", "b", "value", "body", "condition", "true_value", "false_value"):
         if hasattr(expr, child):
-            yield from _loads_of_value(getattr(expr, child))
+            yield from _subexprs(getattr(expr, child))
     if _node(expr) == "Call":
         for arg in expr.args:
-            yield from _loads_of_value(arg)
+            yield from _subexprs(arg)
+
+
+def _loads_of_value(expr):
+    """Every load in a stored value (through arithmetic, casts, selects and calls)."""
+    return (e for e in _subexprs(expr) if _is_load(e))
 
 
 def _stmt_children(stmt) -> list:

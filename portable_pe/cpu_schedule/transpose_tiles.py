@@ -18,7 +18,7 @@ gathers, or, unrolled, spent ~35 scalar instructions per element.
 
 from __future__ import annotations
 
-from .concat_lanes import boundaries, part_width, vectorize_in_parts
+from .concat_lanes import concat_cuts, part_width, vectorize_in_parts
 from .loops import _parallel_outer
 from .tir_util import _expr_vars, _loads_of_value, _loop_extent
 
@@ -45,7 +45,7 @@ def schedule_transpose_tiles(sch, block, lanes: int, parallel: bool = True) -> b
                   and all(stmt.iter_vars[i].var in _expr_vars(load.indices[-1]) for load in reads)), None)
     if along is None:
         return False
-    cuts = _cuts(sch, block, along)
+    cuts = concat_cuts(sch, block, along)
     if part_width(_loop_extent(sch, loops[along]), cuts, lanes) is None:
         return False  # nothing to vectorize the values along: the generic rule's nest
     # the values, computed a tile at a time into a buffer with the `along` dim last ...
@@ -67,8 +67,3 @@ def schedule_transpose_tiles(sch, block, lanes: int, parallel: bool = True) -> b
         _parallel_outer(sch, others)
     return True
 
-
-def _cuts(sch, block, index: int):
-    """The concat boundaries of the block's iter var ``index`` (whatever its loops now)."""
-    var = sch.get(block).iter_vars[index].var
-    return next((c for v, c in boundaries(sch.get(block)).items() if v.same_as(var)), [])
