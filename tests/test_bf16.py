@@ -164,6 +164,38 @@ def test_amx_kernel_with_batch_rows_and_no_epilogue(batch, k, n):
     assert_parity(expected, _run(executable, xv), tolerance="float32_abs", name=f"amx [{batch}, 40, {k}] x [{k}, {n}]")
 
 
+def test_amx_dense_configures_the_tiles_once_per_work_item():
+    """ldtilecfg and tilerelease cost about 0.16 us, more than half of a 32 x 32 block's
+    K = 256 tile steps (0.27 us): the dense kernel opens one tile scope per parallel work
+    item, around all its blocks, and runs each block's epilogue right after it (compiled
+    only: nothing here runs AMX)."""
+    import tvm
+    from tvm import relax
+    from portable_pe.cpu_schedule import cpu_pipeline
+    x = relax.Var("x", relax.TensorType((tvm.tirx.Var("T", "int64"), 256), "float32"))
+    w = np.random.default_rng(3).standard_normal((256, 512)).astype(np.float32)
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.gelu(relax.op.matmul(x, relax.const(w))))
+        bb.emit_func_output(out)
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "rocketlake", "mattr": KERNELS["amx-bf16"][0], "num-cores": 2})
+    with target:
+        scheduled = cpu_pipeline(target, precision="bf16")(bb.get())
+    kernels = [f.script() for f in scheduled.functions.values() if "portable_pe_amx_bf16" in str(f)]
+    assert len(kernels) == 1
+    lines = kernels[0].splitlines()
+    where = {name: [i for i, line in enumerate(lines) if name in line]
+             for name in ("T.parallel", "portable_pe_amx_begin", '"portable_pe_amx_bf16"', "portable_pe_amx_end", "gelu")}
+    assert len(where["portable_pe_amx_begin"]) == 1 and len(where["portable_pe_amx_end"]) == 1, where
+    parallel = max(i for i in where["T.parallel"] if i < where["portable_pe_amx_begin"][0])
+    assert parallel < where["portable_pe_amx_begin"][0] < where['"portable_pe_amx_bf16"'][0] < where["portable_pe_amx_end"][0]
+    # the epilogue (gelu) between the block's call and the scope's end, inside the item
+    assert any(where['"portable_pe_amx_bf16"'][0] < i < where["portable_pe_amx_end"][0] for i in where["gelu"])
+    # one call per 32 x 32 block: C is [32, 32]
+    assert "(T.int64(32), T.int64(32))" in kernels[0]
+
+
 @_needs("amx-bf16")
 def test_activation_rounding_in_the_kernel_is_pytorchs():
     """W = identity: each output is one product with 1.0, so the kernel's output is its

@@ -26,7 +26,7 @@ import math
 from tvm import te, tirx
 
 from .fast_math import _fast_exp
-from .bf16_isa import AMX_IR
+from .bf16_isa import AMX_IR, amx_scope_call
 from .bf16_linear import bf16_bits_expr
 from .softmax_rows import inverse_row_sum_of_lanes, row_max_of_lanes
 
@@ -146,6 +146,7 @@ def amx_attention_kernel(*, heads: int, qk_dim: int, v_dim: int, bias_dims: tupl
             row_inv = T.decl_buffer((32,), "float32")
             lane = T.decl_buffer((lanes,), "float32")
             e = T.decl_buffer((lanes,), "float32")
+            T.evaluate(amx_scope_call("begin"))  # the item's tile scope (bf16_isa)
             # 1. S = Q Kᵀ on the tiles (byte strides: rows of p, of q, one 16-key panel of kp)
             T.evaluate(T.call_extern("int32", "portable_pe_amx_bf16", T.address_of(p[0, 0]), s_pad * 4,
                                      T.address_of(q[b, h, i0, 0]), T.int64(D * 2),
@@ -182,6 +183,7 @@ def amx_attention_kernel(*, heads: int, qk_dim: int, v_dim: int, bias_dims: tupl
                                      T.address_of(p16[0, 0]), s_pad * 2,
                                      T.address_of(vp[b, h, 0, 0, 0]), Sh * 64,
                                      s_pad // 32, T.int64(E // 32)))
+            T.evaluate(amx_scope_call("end"))
             for r in range(32):
                 if i0 + r < Tq:
                     for c in range(E // lanes):

@@ -18,14 +18,19 @@ AMX holds C in tile registers (8 tiles of 16 rows x 64 bytes): the micro-kernel 
 tiles per 32 reduction elements, and stores the block for the epilogue. Its weights are
 packed [N/16, K/2, 16, 2] (the pairs vdpbf16ps takes per lane, too), so one weight tile
 is 16 consecutive rows of 64 bytes. Linux hands AMX's tile data state to a process only
-after it asks (arch_prctl ARCH_REQ_XCOMP_PERM): the micro-kernel asks on its first call,
-and releases the tiles when it returns (tilerelease), so a thread switched out between
-kernels has no 8 KiB of tile data to save.
+after it asks (arch_prctl ARCH_REQ_XCOMP_PERM). The tiles are used inside a scope, one
+per parallel work item: ``portable_pe_amx_begin`` asks (once per process) and loads the
+tile configuration, ``portable_pe_amx_end`` releases the tiles (tilerelease), so a thread
+switched out between kernels has no 8 KiB of tile data to save, and code outside our
+kernels (a oneDNN in the same process) finds them as it expects. Configuring and
+releasing cost about 0.16 us: paid per 32 x 32 block, they made a K = 256 dense 1.3x
+slower (one thread, M = 1024); per work item they cost nothing measurable.
 """
 
 from __future__ import annotations
 
-from tvm.s_tir import TensorIntrin
+from tvm import tirx
+from tvm.s_tir import SBlock, SBlockRealize, TensorIntrin
 from tvm.script import tirx as T
 
 from .int8_isa import DotIsa, _features
@@ -135,9 +140,8 @@ def _tile_config() -> str:
 
 
 # tiles 0..3: C (rows 0-15 / 16-31 x columns 0-15 / 16-31); 4, 5: A rows; 6, 7: B columns.
-# One call computes NB blocks side by side (C [32, 32 NB]): the tile configuration and
-# release, which cost about as much as a block's K = 256 tile steps, are paid once per NB.
-# 158 = SYS_arch_prctl, 4131 = ARCH_REQ_XCOMP_PERM, 18 = XFEATURE_XTILEDATA.
+# portable_pe_amx_bf16 computes NB blocks side by side (C [32, 32 NB]) inside an open
+# scope (begin ... end). 158 = SYS_arch_prctl, 4131 = ARCH_REQ_XCOMP_PERM, 18 = XFEATURE_XTILEDATA.
 AMX_IR = r"""
 declare void @llvm.x86.ldtilecfg(ptr)
 declare void @llvm.x86.tilezero(i8)
@@ -149,7 +153,7 @@ declare i64 @syscall(i64, ...)
 @portable_pe_amx_config = internal constant [64 x i8] c"CONFIG", align 64
 @portable_pe_amx_permitted = internal global i1 false
 
-define internal i32 @portable_pe_amx_bf16(ptr %c, i64 %ldc, ptr %a, i64 %lda, ptr %b, i64 %ldb, i64 %steps, i64 %blocks) {
+define internal i32 @portable_pe_amx_begin() {
 entry:
   %permitted = load i1, ptr @portable_pe_amx_permitted
   br i1 %permitted, label %start, label %permit
@@ -159,13 +163,23 @@ permit:
   br label %start
 start:
   call void @llvm.x86.ldtilecfg(ptr @portable_pe_amx_config)
+  ret i32 0
+}
+
+define internal i32 @portable_pe_amx_end() {
+  call void @llvm.x86.tilerelease()
+  ret i32 0
+}
+
+define internal i32 @portable_pe_amx_bf16(ptr %c, i64 %ldc, ptr %a, i64 %lda, ptr %b, i64 %ldb, i64 %steps, i64 %blocks) {
+entry:
   %a_rows = mul i64 %lda, 16
   %a1 = getelementptr i8, ptr %a, i64 %a_rows
   %c_rows = mul i64 %ldc, 16
   %b_block = mul i64 %ldb, 2
   br label %block
 block:
-  %n = phi i64 [0, %start], [%n_next, %store]
+  %n = phi i64 [0, %entry], [%n_next, %store]
   %c_off = mul i64 %n, 128
   %cn = getelementptr i8, ptr %c, i64 %c_off
   %b_off = mul i64 %n, %b_block
@@ -207,16 +221,55 @@ store:
   %n_done = icmp eq i64 %n_next, %blocks
   br i1 %n_done, label %exit, label %block
 exit:
-  call void @llvm.x86.tilerelease()
   ret i32 0
 }
 """.replace("CONFIG", _tile_config())
+
+#: the loop annotation whose every iteration is one tile scope (open_amx_scopes)
+AMX_SCOPE = "portable_pe.amx_scope"
+
+
+def amx_scope_call(which: str):
+    """``T.call_extern`` opening ("begin") or closing ("end") a tile scope."""
+    return tirx.call_extern("int32", f"portable_pe_amx_{which}")
+
+
+def open_amx_scopes(func):
+    """Each loop annotated AMX_SCOPE (a parallel work item, by the schedule) with its body
+    between portable_pe_amx_begin and portable_pe_amx_end. (TVM 0.27's Python has no TIR
+    mutator: the path down to the loops is rebuilt by hand; nothing else changes.)"""
+    def rebuild(stmt):
+        if isinstance(stmt, tirx.For):
+            body = rebuild(stmt.body)
+            annotations = dict(stmt.annotations)
+            if annotations.pop(AMX_SCOPE, None) is not None:
+                body = tirx.SeqStmt([tirx.Evaluate(amx_scope_call("begin")), body,
+                                     tirx.Evaluate(amx_scope_call("end"))])
+            elif body.same_as(stmt.body):
+                return stmt
+            return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding,
+                            annotations, getattr(stmt, "step", None))
+        if isinstance(stmt, tirx.SeqStmt):
+            parts = [rebuild(part) for part in stmt.seq]
+            return stmt if all(a.same_as(b) for a, b in zip(parts, stmt.seq)) else tirx.SeqStmt(parts)
+        if isinstance(stmt, SBlockRealize):
+            block = rebuild(stmt.block)
+            return stmt if block.same_as(stmt.block) else SBlockRealize(stmt.iter_values, stmt.predicate, block)
+        if isinstance(stmt, SBlock):
+            body = rebuild(stmt.body)
+            if body.same_as(stmt.body):
+                return stmt
+            return SBlock(stmt.iter_vars, stmt.reads, stmt.writes, stmt.name_hint, body, stmt.init,
+                          stmt.alloc_buffers, stmt.match_buffers, stmt.annotations)
+        return stmt
+    return func.with_body(rebuild(func.body))
 
 
 def amx_intrin(k: int, blocks: int) -> str:
     """The tensor intrinsic for `blocks` 32 x 32 blocks side by side over all of K
     (K % 32 == 0): C [32, 32 NB] = A [32, K] x B, with B packed [2 NB, K/2, 16, 2] (the
-    blocks' column panels); registered once per (K, NB)."""
+    blocks' column panels); registered once per (K, NB). It must run in a tile scope
+    (open_amx_scopes)."""
     name = f"portable_pe_amx_bf16_32x{32 * blocks}x{k}"
     if TensorIntrin.get(name, allow_missing=True) is not None:
         return name

@@ -3,21 +3,24 @@ patterns (what bf16_linear emits), with a constant W packed [N/16, K/2, 16, 2].
 
 With AMX (bf16_isa), per 32 x 32 block of C:
 
-    for (batch, jo) in parallel:          # NB column blocks: W's 32 NB-column panel stays in L2
+    for (batch, jo) in parallel:          # a group of NB column blocks (NB: up to 4, dividing
+      tile scope begin                    #   N/32): its 32 NB-column weight panel stays in L2
       for io:                             # row blocks: A (M x K bf16) is shared by all jo
-        C[io, jo] = A[io, :] x W[:, jo]   # one micro-kernel call: NB blocks of K/32 steps of
-                                          #   4 tdpbf16ps (NB: up to 4, dividing N/32)
-        epilogue on the block             # bias, activation, residual, next rounding to bf16
+        for jb in NB:                     # A's 32-row panel stays in L1 across the group
+          C = A[io, :] x W[:, jo, jb]     # one micro-kernel call: K/32 steps of 4 tdpbf16ps
+          epilogue on C                   # bias, activation, residual, next rounding to bf16
+      tile scope end
 
 The block lies in memory between the micro-kernel and the epilogue (AMX has no path from
-tiles to vector registers), 4 KiB that stay in L1. Without AMX (or when N or K is not a
+tiles to vector registers): 4 KiB, read back from L1 right after the tiles are stored.
+Without AMX (or when N or K is not a
 multiple of 32), vdpbf16ps in the int8 kernels' register-tiled schedule; on aarch64,
 BFMMLA in that schedule (bf16_neon).
 """
 
 from __future__ import annotations
 
-from .bf16_isa import AMX_K, AMX_TILE, AVX512_BF16, amx_intrin, AMX_IR, bf16_kernel
+from .bf16_isa import AMX_IR, AMX_K, AMX_SCOPE, AMX_TILE, AVX512_BF16, amx_intrin, bf16_kernel
 from .bf16_neon import NEON_BFMMLA, fits_bfmmla
 from .int8_matmul import schedule_dot_matmul
 from .matmul import _pack_constant_weight, _pad_to_tiles
@@ -57,9 +60,9 @@ def schedule_bf16_matmul(sch, mm_block, other_blocks, target) -> bool:
     return schedule_dot_matmul(sch, mm_block, other_blocks, AVX512_BF16)
 
 
-def _blocks_per_call(column_blocks: int) -> int:
-    """Blocks per micro-kernel call: the largest divisor of N/32 up to 4 (C [32, 128]
-    float32 is 16 KiB, in L1 for the epilogue)."""
+def _column_group(column_blocks: int) -> int:
+    """Column blocks per parallel work item: the largest divisor of N/32 up to 4 (a weight
+    panel of 128 columns, K x 256 bytes, in L2 while the item walks down the rows)."""
     return next(nb for nb in (4, 3, 2, 1) if column_blocks % nb == 0)
 
 
@@ -78,16 +81,17 @@ def _schedule_amx(sch, mm_block, other_blocks, target) -> bool:
     j_var = sch.get(mm_block).iter_vars[len(batch) + 1].var
     if not _pack_constant_weight(sch, mm_block, j_var, 16, kg=2):
         raise ValueError("bf16 matmul without a constant weight to pack (bf16_linear emits only those)")
-    blocks = _blocks_per_call(ext_j // AMX_TILE)
+    group = _column_group(ext_j // AMX_TILE)
     io, ii = sch.split(li, [None, AMX_TILE])
-    jo, ji = sch.split(lj, [None, AMX_TILE * blocks])
-    sch.reorder(*batch, jo, io, ii, ji, lk)
-    for blk in other_blocks:  # the epilogue, per block, while it is in L1
-        sch.reverse_compute_at(blk, io, preserve_unit_loops=True)
-        inner = sch.get_loops(blk)[len(batch) + 2:]
+    jo, jb, ji = sch.split(lj, [None, group, AMX_TILE])
+    sch.reorder(*batch, jo, io, jb, ii, ji, lk)
+    for blk in other_blocks:  # the epilogue, per 32 x 32 block, while its 4 KiB are in L1
+        sch.reverse_compute_at(blk, jb, preserve_unit_loops=True)
+        inner = sch.get_loops(blk)[len(batch) + 3:]
         if inner:
             _vectorize_inner(sch, inner[-1], lanes)
     outermost = _parallel_outer(sch, list(batch) + [jo])
-    sch.tensorize(ii, amx_intrin(ext_k, blocks))
+    sch.tensorize(ii, amx_intrin(ext_k, 1))
     sch.annotate(outermost, "pragma_import_llvm", AMX_IR)
+    sch.annotate(outermost, AMX_SCOPE, 1)  # each work item one tile scope (open_amx_scopes)
     return True

@@ -14,6 +14,7 @@ from tvm.ir import IRModule
 
 from .attention import FuseAttention
 from .bf16_linear import LowerBF16Linear
+from .bf16_isa import open_amx_scopes
 from .bf16_matmul import is_bf16_matmul, schedule_bf16_matmul
 from .dim_vars import WithNamedDims
 from .fast_math import CPUFastMath
@@ -64,7 +65,7 @@ def schedule_prim_func(func: tirx.PrimFunc, target) -> tirx.PrimFunc | None:
         if is_integer_matmul(sch, mm_block) and schedule_int8_matmul(sch, mm_block, epilogue, target):
             return sch.mod["main"]
         if is_bf16_matmul(sch, mm_block) and schedule_bf16_matmul(sch, mm_block, epilogue, target):
-            return sch.mod["main"]
+            return open_amx_scopes(sch.mod["main"])
         if _schedule_matmul(sch, mm_block, epilogue, target):
             return sch.mod["main"]
         return None
