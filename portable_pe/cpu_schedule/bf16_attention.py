@@ -151,7 +151,7 @@ def amx_attention_kernel(*, heads: int, qk_dim: int, v_dim: int, bias_dims: tupl
             T.evaluate(T.call_extern("int32", "portable_pe_amx_bf16", T.address_of(p[0, 0]), s_pad * 4,
                                      T.address_of(q[b, h, i0, 0]), T.int64(D * 2),
                                      T.address_of(kp[b, h, 0, 0, 0]), T.int64(D * 32),
-                                     T.int64(D // 32), s_pad // 32))
+                                     T.int64(D // 32), s_pad // 32, T.int64(0)))
             # 2. per row: the bias added and the max taken in one pass, -inf past the last
             #    key; then exp(s - max) with its sum, and the bf16 probabilities
             for r in range(32):
@@ -182,7 +182,7 @@ def amx_attention_kernel(*, heads: int, qk_dim: int, v_dim: int, bias_dims: tupl
             T.evaluate(T.call_extern("int32", "portable_pe_amx_bf16", T.address_of(out[0, 0]), T.int64(E * 4),
                                      T.address_of(p16[0, 0]), s_pad * 2,
                                      T.address_of(vp[b, h, 0, 0, 0]), Sh * 64,
-                                     s_pad // 32, T.int64(E // 32)))
+                                     s_pad // 32, T.int64(E // 32), T.int64(0)))
             T.evaluate(amx_scope_call("end"))
             for r in range(32):
                 if i0 + r < Tq:

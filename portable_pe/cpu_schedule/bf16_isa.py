@@ -141,7 +141,7 @@ def _tile_config() -> str:
 
 # tiles 0..3: C (rows 0-15 / 16-31 x columns 0-15 / 16-31); 4, 5: A rows; 6, 7: B columns.
 # portable_pe_amx_bf16 computes NB blocks side by side (C [32, 32 NB]) inside an open
-# scope (begin ... end). 158 = SYS_arch_prctl, 4131 = ARCH_REQ_XCOMP_PERM, 18 = XFEATURE_XTILEDATA.
+# scope (begin ... end), from zero or (accumulate != 0) adding to the C in memory. 158 = SYS_arch_prctl, 4131 = ARCH_REQ_XCOMP_PERM, 18 = XFEATURE_XTILEDATA.
 AMX_IR = r"""
 declare void @llvm.x86.ldtilecfg(ptr)
 declare void @llvm.x86.tilezero(i8)
@@ -171,27 +171,39 @@ define internal i32 @portable_pe_amx_end() {
   ret i32 0
 }
 
-define internal i32 @portable_pe_amx_bf16(ptr %c, i64 %ldc, ptr %a, i64 %lda, ptr %b, i64 %ldb, i64 %steps, i64 %blocks) {
+define internal i32 @portable_pe_amx_bf16(ptr %c, i64 %ldc, ptr %a, i64 %lda, ptr %b, i64 %ldb, i64 %steps, i64 %blocks, i64 %accumulate) {
 entry:
   %a_rows = mul i64 %lda, 16
   %a1 = getelementptr i8, ptr %a, i64 %a_rows
   %c_rows = mul i64 %ldc, 16
   %b_block = mul i64 %ldb, 2
+  %from_zero = icmp eq i64 %accumulate, 0
   br label %block
 block:
   %n = phi i64 [0, %entry], [%n_next, %store]
   %c_off = mul i64 %n, 128
   %cn = getelementptr i8, ptr %c, i64 %c_off
+  %c1 = getelementptr i8, ptr %cn, i64 64
+  %c2 = getelementptr i8, ptr %cn, i64 %c_rows
+  %c3 = getelementptr i8, ptr %c2, i64 64
   %b_off = mul i64 %n, %b_block
   %bn0 = getelementptr i8, ptr %b, i64 %b_off
   %bn1 = getelementptr i8, ptr %bn0, i64 %ldb
+  br i1 %from_zero, label %zero, label %load
+zero:
   call void @llvm.x86.tilezero(i8 0)
   call void @llvm.x86.tilezero(i8 1)
   call void @llvm.x86.tilezero(i8 2)
   call void @llvm.x86.tilezero(i8 3)
   br label %step
+load:
+  call void @llvm.x86.tileloadd64(i8 0, ptr %cn, i64 %ldc)
+  call void @llvm.x86.tileloadd64(i8 1, ptr %c1, i64 %ldc)
+  call void @llvm.x86.tileloadd64(i8 2, ptr %c2, i64 %ldc)
+  call void @llvm.x86.tileloadd64(i8 3, ptr %c3, i64 %ldc)
+  br label %step
 step:
-  %k = phi i64 [0, %block], [%k_next, %step]
+  %k = phi i64 [0, %zero], [0, %load], [%k_next, %step]
   %a_off = mul i64 %k, 64
   %bk_off = mul i64 %k, 1024
   %pa0 = getelementptr i8, ptr %a, i64 %a_off
@@ -210,9 +222,6 @@ step:
   %k_done = icmp eq i64 %k_next, %steps
   br i1 %k_done, label %store, label %step
 store:
-  %c1 = getelementptr i8, ptr %cn, i64 64
-  %c2 = getelementptr i8, ptr %cn, i64 %c_rows
-  %c3 = getelementptr i8, ptr %c2, i64 64
   call void @llvm.x86.tilestored64(i8 0, ptr %cn, i64 %ldc)
   call void @llvm.x86.tilestored64(i8 1, ptr %c1, i64 %ldc)
   call void @llvm.x86.tilestored64(i8 2, ptr %c2, i64 %ldc)
@@ -265,47 +274,66 @@ def open_amx_scopes(func):
     return func.with_body(rebuild(func.body))
 
 
-def amx_intrin(k: int, blocks: int) -> str:
-    """The tensor intrinsic for `blocks` 32 x 32 blocks side by side over all of K
-    (K % 32 == 0): C [32, 32 NB] = A [32, K] x B, with B packed [2 NB, K/2, 16, 2] (the
-    blocks' column panels); registered once per (K, NB). It must run in a tile scope
-    (open_amx_scopes)."""
-    name = f"portable_pe_amx_bf16_32x{32 * blocks}x{k}"
+def amx_intrin(k: int, *, accumulate: bool = False) -> str:
+    """The tensor intrinsic for one 32 x 32 block over k reduction elements (k % 32 == 0):
+    C [32, 32] = A [32, k] x B, or with `accumulate` C += A x B (a K split into chunks:
+    C is loaded into the tiles first). B is a [2, k/2, 16, 2] slice of the packed weight
+    [N/16, K/2, 16, 2] (two 16-column panels). Registered once per (k, accumulate); it must
+    run in a tile scope (open_amx_scopes)."""
+    name = f"portable_pe_amx_bf16_32x32x{k}{'_acc' if accumulate else ''}"
     if TensorIntrin.get(name, allow_missing=True) is not None:
         return name
-    n = 32 * blocks
 
-    @T.prim_func(s_tir=True)
-    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
-        sa, sc = T.int64(), T.int64()
-        A = T.match_buffer(a, (32, k), "uint16", offset_factor=1, strides=[sa, 1])
-        B = T.match_buffer(b, (2 * blocks, k // 2, 16, 2), "uint16", offset_factor=1)
-        C = T.match_buffer(c, (32, n), "float32", offset_factor=1, strides=[sc, 1])
-        with T.sblock("root"):
-            T.reads(A[0:32, 0:k], B[0:2 * blocks, 0:k // 2, 0:16, 0:2])
-            T.writes(C[0:32, 0:n])
-            for i, j, r in T.grid(32, n, k):
-                with T.sblock("update"):
-                    vi, vj, vr = T.axis.remap("SSR", [i, j, r])
-                    T.reads(C[vi, vj], A[vi, vr], B[vj // 16, vr // 2, vj % 16, vr % 2])
-                    T.writes(C[vi, vj])
-                    with T.init():
-                        C[vi, vj] = T.float32(0)
-                    C[vi, vj] = C[vi, vj] + widen(A[vi, vr]) * widen(B[vj // 16, vr // 2, vj % 16, vr % 2])
+    # the three operands (A, B, C) are declared alike in desc and impl; TVMScript needs them
+    # spelled out in each function
+    if accumulate:
+        @T.prim_func(s_tir=True)
+        def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
+            sa, sb, sc = T.int64(), T.int64(), T.int64()
+            A = T.match_buffer(a, (32, k), "uint16", offset_factor=1, strides=[sa, 1])
+            B = T.match_buffer(b, (2, k // 2, 16, 2), "uint16", offset_factor=1, strides=[sb, 32, 2, 1])
+            C = T.match_buffer(c, (32, 32), "float32", offset_factor=1, strides=[sc, 1])
+            with T.sblock("root"):
+                T.reads(C[0:32, 0:32], A[0:32, 0:k], B[0:2, 0:k // 2, 0:16, 0:2])
+                T.writes(C[0:32, 0:32])
+                for i, j, r in T.grid(32, 32, k):
+                    with T.sblock("update"):
+                        vi, vj, vr = T.axis.remap("SSR", [i, j, r])
+                        T.reads(C[vi, vj], A[vi, vr], B[vj // 16, vr // 2, vj % 16, vr % 2])
+                        T.writes(C[vi, vj])
+                        C[vi, vj] = C[vi, vj] + widen(A[vi, vr]) * widen(B[vj // 16, vr // 2, vj % 16, vr % 2])
+    else:
+        @T.prim_func(s_tir=True)
+        def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
+            sa, sb, sc = T.int64(), T.int64(), T.int64()
+            A = T.match_buffer(a, (32, k), "uint16", offset_factor=1, strides=[sa, 1])
+            B = T.match_buffer(b, (2, k // 2, 16, 2), "uint16", offset_factor=1, strides=[sb, 32, 2, 1])
+            C = T.match_buffer(c, (32, 32), "float32", offset_factor=1, strides=[sc, 1])
+            with T.sblock("root"):
+                T.reads(A[0:32, 0:k], B[0:2, 0:k // 2, 0:16, 0:2])
+                T.writes(C[0:32, 0:32])
+                for i, j, r in T.grid(32, 32, k):
+                    with T.sblock("update"):
+                        vi, vj, vr = T.axis.remap("SSR", [i, j, r])
+                        T.reads(C[vi, vj], A[vi, vr], B[vj // 16, vr // 2, vj % 16, vr % 2])
+                        T.writes(C[vi, vj])
+                        with T.init():
+                            C[vi, vj] = T.float32(0)
+                        C[vi, vj] = C[vi, vj] + widen(A[vi, vr]) * widen(B[vj // 16, vr // 2, vj % 16, vr % 2])
 
     @T.prim_func(s_tir=True)
     def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
-        sa, sc = T.int64(), T.int64()
+        sa, sb, sc = T.int64(), T.int64(), T.int64()
         A = T.match_buffer(a, (32, k), "uint16", offset_factor=1, strides=[sa, 1])
-        B = T.match_buffer(b, (2 * blocks, k // 2, 16, 2), "uint16", offset_factor=1)
-        C = T.match_buffer(c, (32, n), "float32", offset_factor=1, strides=[sc, 1])
+        B = T.match_buffer(b, (2, k // 2, 16, 2), "uint16", offset_factor=1, strides=[sb, 32, 2, 1])
+        C = T.match_buffer(c, (32, 32), "float32", offset_factor=1, strides=[sc, 1])
         with T.sblock("root"):
-            T.reads(A[0:32, 0:k], B[0:2 * blocks, 0:k // 2, 0:16, 0:2])
-            T.writes(C[0:32, 0:n])
-            # byte strides: C's rows, A's rows, one 16-column panel of B; K / 32 tile steps
-            T.evaluate(T.call_extern("int32", "portable_pe_amx_bf16", C.access_ptr("w"), sc * 4,
-                                     A.access_ptr("r"), sa * 2, B.access_ptr("r"), T.int64(k * 32),
-                                     T.int64(k // AMX_K), T.int64(blocks)))
+            T.reads(C[0:32, 0:32], A[0:32, 0:k], B[0:2, 0:k // 2, 0:16, 0:2])
+            T.writes(C[0:32, 0:32])
+            # byte strides: C's rows, A's rows, one 16-column panel of B; k / 32 tile steps
+            T.evaluate(T.call_extern("int32", "portable_pe_amx_bf16", C.access_ptr("rw" if accumulate else "w"), sc * 4,
+                                     A.access_ptr("r"), sa * 2, B.access_ptr("r"), sb * 2,
+                                     T.int64(k // AMX_K), T.int64(1), T.int64(int(accumulate))))
 
     TensorIntrin.register(name, desc, impl)
     return name

@@ -66,6 +66,16 @@ def _column_group(column_blocks: int) -> int:
     return next(nb for nb in (4, 3, 2, 1) if column_blocks % nb == 0)
 
 
+#: reduction elements per micro-kernel call at most: A's 32-row panel, 16 KiB, stays in L1
+_MAX_CHUNK = 256
+
+
+def _k_chunk(k: int) -> int:
+    """The reduction chunk: K itself up to _MAX_CHUNK, else its largest divisor that is a
+    multiple of 32 and at most _MAX_CHUNK."""
+    return k if k <= _MAX_CHUNK else next(c for c in range(_MAX_CHUNK, 0, -AMX_K) if k % c == 0)
+
+
 def _schedule_amx(sch, mm_block, other_blocks, target) -> bool:
     loops = sch.get_loops(mm_block)
     if len(loops) != len(sch.get(mm_block).iter_vars):
@@ -82,16 +92,33 @@ def _schedule_amx(sch, mm_block, other_blocks, target) -> bool:
     if not _pack_constant_weight(sch, mm_block, j_var, 16, kg=2):
         raise ValueError("bf16 matmul without a constant weight to pack (bf16_linear emits only those)")
     group = _column_group(ext_j // AMX_TILE)
+    chunk = _k_chunk(ext_k)
     io, ii = sch.split(li, [None, AMX_TILE])
     jo, jb, ji = sch.split(lj, [None, group, AMX_TILE])
-    sch.reorder(*batch, jo, io, jb, ii, ji, lk)
-    for blk in other_blocks:  # the epilogue, per 32 x 32 block, while its 4 KiB are in L1
-        sch.reverse_compute_at(blk, jb, preserve_unit_loops=True)
-        inner = sch.get_loops(blk)[len(batch) + 3:]
+    if chunk == ext_k:
+        sch.reorder(*batch, jo, io, jb, ii, ji, lk)
+        epilogue_at, depth = jb, len(batch) + 3  # per 32 x 32 block, while its 4 KiB are in L1
+    else:
+        # a long K in chunks, each over the whole group: A's 32 x chunk panel stays in L1
+        # for the group's blocks (whole, a K = 1024 panel is 64 KiB, and both operands
+        # came from L2); the blocks accumulate in memory, 32 x 32 NB float32 in L1
+        ko, ki = sch.split(lk, [None, chunk])
+        sch.reorder(*batch, jo, io, ko, jb, ii, ji, ki)
+        epilogue_at, depth = io, len(batch) + 2
+    for blk in other_blocks:
+        sch.reverse_compute_at(blk, epilogue_at, preserve_unit_loops=True)
+        inner = sch.get_loops(blk)[depth:]
         if inner:
             _vectorize_inner(sch, inner[-1], lanes)
+    # parallel before the K chunks' init is split off (a loop over an update without its
+    # init is not data-parallel to TVM's check)
     outermost = _parallel_outer(sch, list(batch) + [jo])
-    sch.tensorize(ii, amx_intrin(ext_k, 1))
+    if chunk == ext_k:
+        sch.tensorize(ii, amx_intrin(ext_k))
+    else:
+        init = sch.decompose_reduction(mm_block, ko)
+        _vectorize_inner(sch, sch.get_loops(init)[-1], lanes)
+        sch.tensorize(ii, amx_intrin(chunk, accumulate=True))
     sch.annotate(outermost, "pragma_import_llvm", AMX_IR)
     sch.annotate(outermost, AMX_SCOPE, 1)  # each work item one tile scope (open_amx_scopes)
     return True

@@ -14,7 +14,8 @@ import re
 
 from .concat_lanes import schedule_concat_lanes
 from .loops import _parallel_items, _positions_outside_heads, _vectorize_inner
-from .tir_util import _is_spatial, _loop_extent, _region_buffer
+from .tir_util import (_const_int, _expr_vars, _is_spatial, _is_store, _load_buffer, _loads_of_value, _loop_extent,
+                       _region_buffer)
 from .transpose_tiles import schedule_transpose_tiles
 
 
@@ -56,7 +57,25 @@ def _recomputes(sch, producer, consumers) -> bool:
         return False
     name = re.escape(_region_buffer(block.writes[0]).name)
     load = re.compile(rf"(?<![\w.]){name}\[")
-    return sum(len(load.findall(str(sch.get(c).body))) for c in consumers) > 1
+    if sum(len(load.findall(str(sch.get(c).body))) for c in consumers) > 1:
+        return True
+    # a consumer that broadcasts it (a [T, D] position table added to [B, T, D] tokens)
+    # would compute it again for every batch item
+    return any(_reads_broadcast(sch.get(c), _region_buffer(block.writes[0])) for c in consumers)
+
+
+def _reads_broadcast(block, buffer) -> bool:
+    """Whether `block` reads one element of `buffer` in several of its iterations: a load
+    whose indices leave out one of the block's iteration variables (of extent > 1)."""
+    if not _is_store(block.body):
+        return False
+    iters = [iv.var for iv in block.iter_vars if _const_int(iv.dom.extent) != 1]
+    for load in _loads_of_value(block.body.value):
+        if _load_buffer(load).same_as(buffer):
+            used = set().union(*(_expr_vars(index) for index in load.indices))
+            if any(var not in used for var in iters):
+                return True
+    return False
 
 
 _EXPENSIVE_OPS = ("exp", "log", "tanh", "erf", "sigmoid", "pow", "sqrt", "rsqrt", "sin", "cos")
