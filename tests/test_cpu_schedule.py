@@ -220,6 +220,34 @@ def test_an_expensive_value_read_several_times_is_computed_once_per_element():
 
 
 @I.ir_module
+class SinTableAddedToEveryBatchItem:
+    @R.function
+    def main(x: R.Tensor(("batch", "seq", 64), "float32"), positions: R.Tensor(("seq",), "float32"),
+             freq: R.Tensor((64,), "float32")):
+        with R.dataflow():
+            table = R.sin(R.multiply(R.expand_dims(positions, axis=[1]), freq))  # [seq, 64]
+            y = R.add(x, table)  # [batch, seq, 64]: the table broadcast over the batch
+            R.output(y)
+        return y
+
+
+def test_a_table_broadcast_over_the_batch_is_computed_once_not_per_batch_item():
+    """A sinusoidal position table added to [B, T, D] tokens: inlined into the add, its
+    sines were computed B times (sinusoidal bf16 B8 T128: 0.46 ms, 5% of the graph)."""
+    (func,) = [f for f in _scheduled(SinTableAddedToEveryBatchItem).functions.values() if isinstance(f, tirx.PrimFunc)]
+    stores = [s for s in _walk(func.body) if _node(s) == "BufferStore"]
+    with_sin = [s for s in stores if "T.sin(" in str(s.value)]
+    assert len(with_sin) == 1 and len(with_sin[0].indices) == 2, func.script()  # over [seq, 64] only
+    vm = relax.VirtualMachine(tvm.compile(SinTableAddedToEveryBatchItem, target=HOST, relax_pipeline=cpu_pipeline(HOST)),
+                              tvm.cpu())
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((3, 5, 64)).astype("float32")
+    positions, freq = np.arange(5, dtype=np.float32), rng.random(64).astype("float32")
+    got = vm["main"](*(tvm.runtime.tensor(a) for a in (x, positions, freq))).numpy()
+    np.testing.assert_allclose(got, x + np.sin(positions[:, None] * freq), rtol=1e-6, atol=1e-6)
+
+
+@I.ir_module
 class LayerNorm:
     @R.function
     def main(x: R.Tensor(("rows", 256), "float32"), g: R.Tensor((256,), "float32"), b: R.Tensor((256,), "float32")):
