@@ -137,12 +137,12 @@ def attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float, mi: i
                 for jb in range(s_pad // nj):
                     for l in T.vectorized(nj):
                         lane[l] = T.max(lane[l], p[r, jb * nj + l])
-                row_max_of_lanes(row_max, lane, r, nj, zero_dead_rows)
+                row_max_of_lanes(row_max, lane, r, nj, zero_dead_rows, 0)
                 for jb in range(s_pad // nj):
                     for l in T.vectorized(nj):
                         p[r, jb * nj + l] = _fast_exp(p[r, jb * nj + l] - row_max[r])
                         lane[l] = lane[l] + p[r, jb * nj + l]
-                inverse_row_sum_of_lanes(row_inv, lane, r, nj, zero_dead_rows)
+                inverse_row_sum_of_lanes(row_inv, lane, r, nj, zero_dead_rows, 0)
             # 3. out = p · v / row sum, EC output columns at a time
             for c in range(n_ec):
                 for r in T.unroll(mi):

@@ -26,12 +26,13 @@ import math
 from tvm import te, tirx
 
 from .fast_math import _fast_exp
-from .bf16_isa import AMX_IR, amx_scope_call
+from .bf16_isa import AMX_IR, BF16_ROUND_IR, amx_scope_call
 from .bf16_linear import bf16_bits_expr
 from .softmax_rows import inverse_row_sum_of_lanes, row_max_of_lanes
 
 _ROWS = 32   # query rows per work item: one AMX block
 _KEYS = 32   # the key axis is padded to this (one AMX block of S, and K-steps of P x V)
+_INTERLEAVED = 4  # score rows whose max chains run side by side
 
 
 def fits(qk_dim: int, v_dim: int) -> bool:
@@ -135,7 +136,7 @@ def amx_attention_kernel(*, heads: int, qk_dim: int, v_dim: int, bias_dims: tupl
         n_rb = T.meta_var(Tp // 32)
         s_pad = T.meta_var(Sb * 16)
         n_full = T.meta_var(S // lanes)  # chunks of 16 keys that are all real
-        for item in T.parallel(B * H * n_rb, annotations={"pragma_import_llvm": AMX_IR}):
+        for item in T.parallel(B * H * n_rb, annotations={"pragma_import_llvm": AMX_IR + BF16_ROUND_IR}):
             b = T.meta_var(item // (H * n_rb))
             h = T.meta_var(item // n_rb % H)
             i0 = T.meta_var(item % n_rb * 32)
@@ -144,7 +145,7 @@ def amx_attention_kernel(*, heads: int, qk_dim: int, v_dim: int, bias_dims: tupl
             out = T.decl_buffer((32, E), "float32")
             row_max = T.decl_buffer((32,), "float32")
             row_inv = T.decl_buffer((32,), "float32")
-            lane = T.decl_buffer((lanes,), "float32")
+            lane4 = T.decl_buffer((_INTERLEAVED * lanes,), "float32")
             e = T.decl_buffer((lanes,), "float32")
             T.evaluate(amx_scope_call("begin"))  # the item's tile scope (bf16_isa)
             # 1. S = Q Kᵀ on the tiles (byte strides: rows of p, of q, one 16-key panel of kp)
@@ -152,32 +153,39 @@ def amx_attention_kernel(*, heads: int, qk_dim: int, v_dim: int, bias_dims: tupl
                                      T.address_of(q[b, h, i0, 0]), T.int64(D * 2),
                                      T.address_of(kp[b, h, 0, 0, 0]), T.int64(D * 32),
                                      T.int64(D // 32), s_pad // 32, T.int64(0)))
-            # 2. per row: the bias added and the max taken in one pass, -inf past the last
-            #    key; then exp(s - max) with its sum, and the bf16 probabilities
-            for r in range(32):
-                for l in T.vectorized(lanes):
-                    lane[l] = T.float32(neg_inf)
+            # 2. the bias added and the row max in one pass, -inf past the last key; four
+            #    rows at a time, for four independent max chains (one row's chain waits out
+            #    max's latency at every chunk); then per row exp(s - max) with its sum (in
+            #    the row's lanes of lane4), and the bf16 probabilities (vcvtneps2bf16)
+            for r4 in range(32 // _INTERLEAVED):
+                for l in T.vectorized(_INTERLEAVED * lanes):
+                    lane4[l] = T.float32(neg_inf)
                 for jb in range(n_full):
-                    for l in T.vectorized(lanes):
-                        if has_bias:
-                            p[r, jb * lanes + l] = p[r, jb * lanes + l] + bias[
-                                bias_at(b, h, T.min(i0 + r, Tq - 1), jb * lanes + l)]
-                        lane[l] = T.max(lane[l], p[r, jb * lanes + l])
+                    for rr in T.unroll(_INTERLEAVED):
+                        for l in T.vectorized(lanes):
+                            if has_bias:
+                                p[r4 * _INTERLEAVED + rr, jb * lanes + l] = p[r4 * _INTERLEAVED + rr, jb * lanes + l] + bias[
+                                    bias_at(b, h, T.min(i0 + r4 * _INTERLEAVED + rr, Tq - 1), jb * lanes + l)]
+                            lane4[rr * lanes + l] = T.max(lane4[rr * lanes + l], p[r4 * _INTERLEAVED + rr, jb * lanes + l])
                 for jb in range(n_full, s_pad // lanes):
-                    for l in T.vectorized(lanes):
-                        p[r, jb * lanes + l] = T.if_then_else(
-                            jb * lanes + l < S,
-                            p[r, jb * lanes + l] + bias[bias_at(b, h, T.min(i0 + r, Tq - 1),
-                                                                T.min(jb * lanes + l, S - 1))],
-                            T.float32(neg_inf))
-                        lane[l] = T.max(lane[l], p[r, jb * lanes + l])
-                row_max_of_lanes(row_max, lane, r, lanes, zero_dead_rows)
-                for jb in range(s_pad // lanes):
-                    for l in T.vectorized(lanes):  # e in registers: only its sum and bf16 copy are kept
-                        e[l] = _fast_exp(p[r, jb * lanes + l] - row_max[r], degree=5)
-                        lane[l] = lane[l] + e[l]
-                        p16[r, jb * lanes + l] = bf16_bits_expr(e[l])
-                inverse_row_sum_of_lanes(row_inv, lane, r, lanes, zero_dead_rows)
+                    for rr in T.unroll(_INTERLEAVED):
+                        for l in T.vectorized(lanes):
+                            p[r4 * _INTERLEAVED + rr, jb * lanes + l] = T.if_then_else(
+                                jb * lanes + l < S,
+                                p[r4 * _INTERLEAVED + rr, jb * lanes + l] + bias[bias_at(
+                                    b, h, T.min(i0 + r4 * _INTERLEAVED + rr, Tq - 1), T.min(jb * lanes + l, S - 1))],
+                                T.float32(neg_inf))
+                            lane4[rr * lanes + l] = T.max(lane4[rr * lanes + l], p[r4 * _INTERLEAVED + rr, jb * lanes + l])
+                for rr in range(_INTERLEAVED):
+                    r = T.meta_var(r4 * _INTERLEAVED + rr)
+                    row_max_of_lanes(row_max, lane4, r, lanes, zero_dead_rows, rr * lanes)
+                    for jb in range(s_pad // lanes):
+                        for l in T.vectorized(lanes):  # e in registers: only its sum and bf16 copy are kept
+                            e[l] = _fast_exp(p[r, jb * lanes + l] - row_max[r], degree=5)
+                            lane4[rr * lanes + l] = lane4[rr * lanes + l] + e[l]
+                        p16[r, T.ramp(jb * lanes, 1, lanes)] = T.call_extern(
+                            "uint16x16", "portable_pe_bf16x16", e.vload([0], "float32x16"))
+                    inverse_row_sum_of_lanes(row_inv, lane4, r, lanes, zero_dead_rows, rr * lanes)
             # 3. O = P V on the tiles (rows of out, of p16, one 16-column panel of vp)
             T.evaluate(T.call_extern("int32", "portable_pe_amx_bf16", T.address_of(out[0, 0]), T.int64(E * 4),
                                      T.address_of(p16[0, 0]), s_pad * 2,
