@@ -181,7 +181,7 @@ def amx_attention_kernel(*, heads: int, qk_dim: int, v_dim: int, bias_dims: tupl
                     row_max_of_lanes(row_max, lane4, r, lanes, zero_dead_rows, rr * lanes)
                     for jb in range(s_pad // lanes):
                         for l in T.vectorized(lanes):  # e in registers: only its sum and bf16 copy are kept
-                            e[l] = _fast_exp(p[r, jb * lanes + l] - row_max[r], degree=5, nonpositive=True, ldexp=True)
+                            e[l] = _fast_exp(p[r, jb * lanes + l] - row_max[r], degree=5, nonpositive=True)
                             lane4[rr * lanes + l] = lane4[rr * lanes + l] + e[l]
                         p16[r, T.ramp(jb * lanes, 1, lanes)] = T.call_extern(
                             "uint16x16", "portable_pe_bf16x16", e.vload([0], "float32x16"))
