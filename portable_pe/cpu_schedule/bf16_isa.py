@@ -30,7 +30,8 @@ slower (one thread, M = 1024); per work item they cost nothing measurable.
 from __future__ import annotations
 
 from tvm import tirx
-from tvm.s_tir import SBlock, SBlockRealize, TensorIntrin
+from tvm.s_tir import TensorIntrin
+from tvm_ffi.structural import structural_mutate
 from tvm.script import tirx as T
 
 from .int8_isa import DotIsa, _features
@@ -257,33 +258,17 @@ def amx_scope_call(which: str):
 
 def open_amx_scopes(func):
     """Each loop annotated AMX_SCOPE (a parallel work item, by the schedule) with its body
-    between portable_pe_amx_begin and portable_pe_amx_end. (TVM 0.27's Python has no TIR
-    mutator: the path down to the loops is rebuilt by hand; nothing else changes.)"""
-    def rebuild(stmt):
-        if isinstance(stmt, tirx.For):
-            body = rebuild(stmt.body)
-            annotations = dict(stmt.annotations)
-            if annotations.pop(AMX_SCOPE, None) is not None:
-                body = tirx.SeqStmt([tirx.Evaluate(amx_scope_call("begin")), body,
-                                     tirx.Evaluate(amx_scope_call("end"))])
-            elif body.same_as(stmt.body):
-                return stmt
-            return tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding,
-                            annotations, getattr(stmt, "step", None))
-        if isinstance(stmt, tirx.SeqStmt):
-            parts = [rebuild(part) for part in stmt.seq]
-            return stmt if all(a.same_as(b) for a, b in zip(parts, stmt.seq)) else tirx.SeqStmt(parts)
-        if isinstance(stmt, SBlockRealize):
-            block = rebuild(stmt.block)
-            return stmt if block.same_as(stmt.block) else SBlockRealize(stmt.iter_values, stmt.predicate, block)
-        if isinstance(stmt, SBlock):
-            body = rebuild(stmt.body)
-            if body.same_as(stmt.body):
-                return stmt
-            return SBlock(stmt.iter_vars, stmt.reads, stmt.writes, stmt.name_hint, body, stmt.init,
-                          stmt.alloc_buffers, stmt.match_buffers, stmt.annotations)
-        return stmt
-    return func.with_body(rebuild(func.body))
+    between portable_pe_amx_begin and portable_pe_amx_end."""
+    def scope(loop, mutator):
+        loop = mutator.default_mutate(loop)
+        if AMX_SCOPE not in loop.annotations:
+            return loop
+        body = tirx.SeqStmt([tirx.Evaluate(amx_scope_call("begin")), loop.body, tirx.Evaluate(amx_scope_call("end"))])
+        annotations = {k: v for k, v in loop.annotations.items() if k != AMX_SCOPE}
+        return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding, annotations,
+                        getattr(loop, "step", None))
+    # TVM 0.27's Python has no TIR mutator (stmt_functor); tvm_ffi's structural one serves
+    return func.with_body(structural_mutate(func.body, [(tirx.For, scope)]))
 
 
 def amx_intrin(k: int, *, accumulate: bool = False) -> str:
