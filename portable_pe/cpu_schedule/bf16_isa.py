@@ -281,42 +281,28 @@ def amx_intrin(k: int, *, accumulate: bool = False) -> str:
     if TensorIntrin.get(name, allow_missing=True) is not None:
         return name
 
-    # the three operands (A, B, C) are declared alike in desc and impl; TVMScript needs them
-    # spelled out in each function
-    if accumulate:
-        @T.prim_func(s_tir=True)
-        def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
-            sa, sb, sc = T.int64(), T.int64(), T.int64()
-            A = T.match_buffer(a, (32, k), "uint16", offset_factor=1, strides=[sa, 1])
-            B = T.match_buffer(b, (2, k // 2, 16, 2), "uint16", offset_factor=1, strides=[sb, 32, 2, 1])
-            C = T.match_buffer(c, (32, 32), "float32", offset_factor=1, strides=[sc, 1])
-            with T.sblock("root"):
+    # (TVMScript resolves `if accumulate` while parsing: one of the two forms is built)
+    @T.prim_func(s_tir=True)
+    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
+        sa, sb, sc = T.int64(), T.int64(), T.int64()
+        A = T.match_buffer(a, (32, k), "uint16", offset_factor=1, strides=[sa, 1])
+        B = T.match_buffer(b, (2, k // 2, 16, 2), "uint16", offset_factor=1, strides=[sb, 32, 2, 1])
+        C = T.match_buffer(c, (32, 32), "float32", offset_factor=1, strides=[sc, 1])
+        with T.sblock("root"):
+            if accumulate:
                 T.reads(C[0:32, 0:32], A[0:32, 0:k], B[0:2, 0:k // 2, 0:16, 0:2])
-                T.writes(C[0:32, 0:32])
-                for i, j, r in T.grid(32, 32, k):
-                    with T.sblock("update"):
-                        vi, vj, vr = T.axis.remap("SSR", [i, j, r])
-                        T.reads(C[vi, vj], A[vi, vr], B[vj // 16, vr // 2, vj % 16, vr % 2])
-                        T.writes(C[vi, vj])
-                        C[vi, vj] = C[vi, vj] + widen(A[vi, vr]) * widen(B[vj // 16, vr // 2, vj % 16, vr % 2])
-    else:
-        @T.prim_func(s_tir=True)
-        def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
-            sa, sb, sc = T.int64(), T.int64(), T.int64()
-            A = T.match_buffer(a, (32, k), "uint16", offset_factor=1, strides=[sa, 1])
-            B = T.match_buffer(b, (2, k // 2, 16, 2), "uint16", offset_factor=1, strides=[sb, 32, 2, 1])
-            C = T.match_buffer(c, (32, 32), "float32", offset_factor=1, strides=[sc, 1])
-            with T.sblock("root"):
+            else:
                 T.reads(A[0:32, 0:k], B[0:2, 0:k // 2, 0:16, 0:2])
-                T.writes(C[0:32, 0:32])
-                for i, j, r in T.grid(32, 32, k):
-                    with T.sblock("update"):
-                        vi, vj, vr = T.axis.remap("SSR", [i, j, r])
-                        T.reads(C[vi, vj], A[vi, vr], B[vj // 16, vr // 2, vj % 16, vr % 2])
-                        T.writes(C[vi, vj])
+            T.writes(C[0:32, 0:32])
+            for i, j, r in T.grid(32, 32, k):
+                with T.sblock("update"):
+                    vi, vj, vr = T.axis.remap("SSR", [i, j, r])
+                    T.reads(C[vi, vj], A[vi, vr], B[vj // 16, vr // 2, vj % 16, vr % 2])
+                    T.writes(C[vi, vj])
+                    if not accumulate:
                         with T.init():
                             C[vi, vj] = T.float32(0)
-                        C[vi, vj] = C[vi, vj] + widen(A[vi, vr]) * widen(B[vj // 16, vr // 2, vj % 16, vr % 2])
+                    C[vi, vj] = C[vi, vj] + widen(A[vi, vr]) * widen(B[vj // 16, vr // 2, vj % 16, vr % 2])
 
     @T.prim_func(s_tir=True)
     def impl(a: T.handle, b: T.handle, c: T.handle) -> None:

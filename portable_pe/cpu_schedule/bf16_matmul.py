@@ -13,9 +13,10 @@ With AMX (bf16_isa), per 32 x 32 block of C:
 
 The block lies in memory between the micro-kernel and the epilogue (AMX has no path from
 tiles to vector registers): 4 KiB, read back from L1 right after the tiles are stored.
-Without AMX (or when N or K is not a
-multiple of 32), vdpbf16ps in the int8 kernels' register-tiled schedule; on aarch64,
-BFMMLA in that schedule (bf16_neon).
+A K over 256 runs in chunks (`for io: for ko: for jb:`): the group's blocks accumulate
+in memory (16 KiB) across the chunks, and the epilogue runs once per row block after
+them. Without AMX (or when N or K is not a multiple of 32), vdpbf16ps in the int8
+kernels' register-tiled schedule; on aarch64, BFMMLA in that schedule (bf16_neon).
 """
 
 from __future__ import annotations
@@ -77,6 +78,20 @@ def _k_chunk(k: int) -> int:
     return k if k <= _MAX_CHUNK else next(c for c in range(_MAX_CHUNK, 0, -AMX_K) if k % c == 0)
 
 
+def _place_row_pads(sch, row_pads, chunk_loop, target) -> None:
+    """A dynamic M's zero-padded copies of A. With K in chunks (`chunk_loop`), one per row
+    block and chunk, into a scratch the tiles then load from L1: one parallel copy of all
+    of A before the matmul was a pass over memory of its own (K = 1024, N = 256: 0.257 ->
+    0.225 ms at M = 512, 2.32 -> 2.03 ms at M = 4096). Without chunks it made no
+    difference (each column group would copy the rows again): one parallel nest there."""
+    for pad in row_pads:
+        if chunk_loop is None:
+            _schedule_spatial_block(sch, pad, _vector_lanes(target))
+        else:
+            sch.compute_at(pad, chunk_loop, preserve_unit_loops=True)
+            _vectorize_inner(sch, sch.get_loops(pad)[-1], _vector_lanes(target, 16))
+
+
 def _schedule_amx(sch, mm_block, other_blocks, target) -> bool:
     loops = sch.get_loops(mm_block)
     if len(loops) != len(sch.get(mm_block).iter_vars):
@@ -113,17 +128,7 @@ def _schedule_amx(sch, mm_block, other_blocks, target) -> bool:
         inner = sch.get_loops(blk)[depth:]
         if inner:
             _vectorize_inner(sch, inner[-1], lanes)
-    # with K in chunks, A's rows padded to 32 per row block and chunk, into a scratch the
-    # tiles then load from L1: one parallel copy of all of A before the matmul was a pass
-    # over memory of its own (K = 1024, N = 256: 0.257 -> 0.225 ms at M = 512, 2.32 ->
-    # 2.03 ms at M = 4096). For K <= 256 it made no difference (each column group would
-    # copy the rows again): the copy stays one parallel nest there
-    for pad in row_pads:
-        if chunk == ext_k:
-            _schedule_spatial_block(sch, pad, lanes)
-        else:
-            sch.compute_at(pad, ko, preserve_unit_loops=True)
-            _vectorize_inner(sch, sch.get_loops(pad)[-1], _vector_lanes(target, 16))
+    _place_row_pads(sch, row_pads, None if chunk == ext_k else ko, target)
     # parallel before the K chunks' init is split off (a loop over an update without its
     # init is not data-parallel to TVM's check)
     outermost = _parallel_outer(sch, list(batch) + [jo])
