@@ -26,7 +26,8 @@ import math
 from tvm import te, tirx
 
 from .fast_math import _fast_exp
-from .bf16_isa import AMX_IR, BF16_ROUND_IR, amx_scope_call
+from .amx_tiles import AMX_IR, amx_scope_call
+from .bf16_isa import BF16_ROUND_IR
 from .bf16_linear import bf16_bits_expr
 from .softmax_rows import inverse_row_sum_of_lanes, row_max_of_lanes
 

@@ -13,31 +13,16 @@ bitcast to bfloat (imported into the kernel with ``pragma_import_llvm``; LLVM in
 
 The aarch64 kernel is bf16_neon's.
 
-AMX holds C in tile registers (8 tiles of 16 rows x 64 bytes): the micro-kernel keeps a
-32 x 32 float32 block in four of them, loads two 16 x 32 activation tiles and two weight
-tiles per 32 reduction elements, and stores the block for the epilogue. Its weights are
-packed [N/16, K/2, 16, 2] (the pairs vdpbf16ps takes per lane, too), so one weight tile
-is 16 consecutive rows of 64 bytes. Linux hands AMX's tile data state to a process only
-after it asks (arch_prctl ARCH_REQ_XCOMP_PERM). The tiles are used inside a scope, one
-per parallel work item: ``portable_pe_amx_begin`` asks (once per process) and loads the
-tile configuration, ``portable_pe_amx_end`` releases the tiles (tilerelease), so a thread
-switched out between kernels has no 8 KiB of tile data to save, and code outside our
-kernels (a oneDNN in the same process) finds them as it expects. Configuring and
-releasing cost about 0.16 us: paid per 32 x 32 block, they made a K = 256 dense 1.3x
-slower (one thread, M = 1024); per work item they cost nothing measurable.
+AMX's tile micro-kernel, its tile scopes and tensor intrinsic are amx_tiles'.
 """
 
 from __future__ import annotations
 
-from tvm import tirx
 from tvm.s_tir import TensorIntrin
-from tvm_ffi.structural import structural_mutate
 from tvm.script import tirx as T
 
 from .int8_isa import DotIsa, _features
 
-AMX_TILE = 32  # rows and columns of the micro-kernel's float32 block (2 x 2 tiles)
-AMX_K = 32     # reduction elements per tile step (64 bytes of bf16 per row)
 
 
 #: each architecture's kernels, best first, with what each needs as LLVM names its target
@@ -127,114 +112,6 @@ if TensorIntrin.get(_DPBF16, allow_missing=True) is None:
 AVX512_BF16 = DotIsa("avx512-bf16", "uint16", "uint16", 16, 2, _DPBF16, 7, 2, llvm_ir=_DPBF16_IR)
 
 
-# --------------------------------------------------------------------------------------
-# amx-bf16: C[32, 32] = A[32, K] x B[K, 32] in four tiles, one call per block
-# --------------------------------------------------------------------------------------
-def _tile_config() -> str:
-    """ldtilecfg's 64 bytes, as an LLVM string: palette 1, tiles 0..7 of 16 rows x 64 bytes."""
-    config = bytearray(64)
-    config[0] = 1
-    for tile in range(8):
-        config[16 + 2 * tile] = 64  # colsb, little-endian uint16
-        config[48 + tile] = 16      # rows
-    return "".join(f"\\{b:02X}" for b in config)
-
-
-# tiles 0..3: C (rows 0-15 / 16-31 x columns 0-15 / 16-31); 4, 5: A rows; 6, 7: B columns.
-# portable_pe_amx_bf16 computes NB blocks side by side (C [32, 32 NB]) inside an open
-# scope (begin ... end), from zero or (accumulate != 0) adding to the C in memory. 158 = SYS_arch_prctl, 4131 = ARCH_REQ_XCOMP_PERM, 18 = XFEATURE_XTILEDATA.
-AMX_IR = r"""
-declare void @llvm.x86.ldtilecfg(ptr)
-declare void @llvm.x86.tilezero(i8)
-declare void @llvm.x86.tileloadd64(i8, ptr, i64)
-declare void @llvm.x86.tdpbf16ps(i8, i8, i8)
-declare void @llvm.x86.tilestored64(i8, ptr, i64)
-declare void @llvm.x86.tilerelease()
-declare i64 @syscall(i64, ...)
-@portable_pe_amx_config = internal constant [64 x i8] c"CONFIG", align 64
-@portable_pe_amx_permitted = internal global i1 false
-
-define internal i32 @portable_pe_amx_begin() {
-entry:
-  %permitted = load i1, ptr @portable_pe_amx_permitted
-  br i1 %permitted, label %start, label %permit
-permit:
-  %rc = call i64 (i64, ...) @syscall(i64 158, i64 4131, i64 18)
-  store i1 true, ptr @portable_pe_amx_permitted
-  br label %start
-start:
-  call void @llvm.x86.ldtilecfg(ptr @portable_pe_amx_config)
-  ret i32 0
-}
-
-define internal i32 @portable_pe_amx_end() {
-  call void @llvm.x86.tilerelease()
-  ret i32 0
-}
-
-define internal i32 @portable_pe_amx_bf16(ptr %c, i64 %ldc, ptr %a, i64 %lda, ptr %b, i64 %ldb, i64 %steps, i64 %blocks, i64 %accumulate) {
-entry:
-  %a_rows = mul i64 %lda, 16
-  %a1 = getelementptr i8, ptr %a, i64 %a_rows
-  %c_rows = mul i64 %ldc, 16
-  %b_block = mul i64 %ldb, 2
-  %from_zero = icmp eq i64 %accumulate, 0
-  br label %block
-block:
-  %n = phi i64 [0, %entry], [%n_next, %store]
-  %c_off = mul i64 %n, 128
-  %cn = getelementptr i8, ptr %c, i64 %c_off
-  %c1 = getelementptr i8, ptr %cn, i64 64
-  %c2 = getelementptr i8, ptr %cn, i64 %c_rows
-  %c3 = getelementptr i8, ptr %c2, i64 64
-  %b_off = mul i64 %n, %b_block
-  %bn0 = getelementptr i8, ptr %b, i64 %b_off
-  %bn1 = getelementptr i8, ptr %bn0, i64 %ldb
-  br i1 %from_zero, label %zero, label %load
-zero:
-  call void @llvm.x86.tilezero(i8 0)
-  call void @llvm.x86.tilezero(i8 1)
-  call void @llvm.x86.tilezero(i8 2)
-  call void @llvm.x86.tilezero(i8 3)
-  br label %step
-load:
-  call void @llvm.x86.tileloadd64(i8 0, ptr %cn, i64 %ldc)
-  call void @llvm.x86.tileloadd64(i8 1, ptr %c1, i64 %ldc)
-  call void @llvm.x86.tileloadd64(i8 2, ptr %c2, i64 %ldc)
-  call void @llvm.x86.tileloadd64(i8 3, ptr %c3, i64 %ldc)
-  br label %step
-step:
-  %k = phi i64 [0, %zero], [0, %load], [%k_next, %step]
-  %a_off = mul i64 %k, 64
-  %bk_off = mul i64 %k, 1024
-  %pa0 = getelementptr i8, ptr %a, i64 %a_off
-  %pa1 = getelementptr i8, ptr %a1, i64 %a_off
-  %pb0 = getelementptr i8, ptr %bn0, i64 %bk_off
-  %pb1 = getelementptr i8, ptr %bn1, i64 %bk_off
-  call void @llvm.x86.tileloadd64(i8 4, ptr %pa0, i64 %lda)
-  call void @llvm.x86.tileloadd64(i8 5, ptr %pa1, i64 %lda)
-  call void @llvm.x86.tileloadd64(i8 6, ptr %pb0, i64 64)
-  call void @llvm.x86.tileloadd64(i8 7, ptr %pb1, i64 64)
-  call void @llvm.x86.tdpbf16ps(i8 0, i8 4, i8 6)
-  call void @llvm.x86.tdpbf16ps(i8 1, i8 4, i8 7)
-  call void @llvm.x86.tdpbf16ps(i8 2, i8 5, i8 6)
-  call void @llvm.x86.tdpbf16ps(i8 3, i8 5, i8 7)
-  %k_next = add i64 %k, 1
-  %k_done = icmp eq i64 %k_next, %steps
-  br i1 %k_done, label %store, label %step
-store:
-  call void @llvm.x86.tilestored64(i8 0, ptr %cn, i64 %ldc)
-  call void @llvm.x86.tilestored64(i8 1, ptr %c1, i64 %ldc)
-  call void @llvm.x86.tilestored64(i8 2, ptr %c2, i64 %ldc)
-  call void @llvm.x86.tilestored64(i8 3, ptr %c3, i64 %ldc)
-  %n_next = add i64 %n, 1
-  %n_done = icmp eq i64 %n_next, %blocks
-  br i1 %n_done, label %exit, label %block
-exit:
-  ret i32 0
-}
-""".replace("CONFIG", _tile_config())
-
 # 16 float32 rounded to bf16 (to nearest even) in one vcvtneps2bf16 (LLVM's fptrunc to
 # bfloat with avx512bf16), where bf16_bits_expr takes about eight integer instructions.
 # It flushes subnormal inputs to zero, as bf16_bits_expr does not: for softmax
@@ -246,77 +123,3 @@ define internal <16 x i16> @portable_pe_bf16x16(<16 x float> %x) alwaysinline {
   ret <16 x i16> %r
 }
 """
-
-#: the loop annotation whose every iteration is one tile scope (open_amx_scopes)
-AMX_SCOPE = "portable_pe.amx_scope"
-
-
-def amx_scope_call(which: str):
-    """``T.call_extern`` opening ("begin") or closing ("end") a tile scope."""
-    return tirx.call_extern("int32", f"portable_pe_amx_{which}")
-
-
-def open_amx_scopes(func):
-    """Each loop annotated AMX_SCOPE (a parallel work item, by the schedule) with its body
-    between portable_pe_amx_begin and portable_pe_amx_end."""
-    def scope(loop, mutator):
-        loop = mutator.default_mutate(loop)
-        if AMX_SCOPE not in loop.annotations:
-            return loop
-        body = tirx.SeqStmt([tirx.Evaluate(amx_scope_call("begin")), loop.body, tirx.Evaluate(amx_scope_call("end"))])
-        annotations = {k: v for k, v in loop.annotations.items() if k != AMX_SCOPE}
-        return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding, annotations,
-                        getattr(loop, "step", None))
-    # TVM 0.27's Python has no TIR mutator (stmt_functor); tvm_ffi's structural one serves
-    return func.with_body(structural_mutate(func.body, [(tirx.For, scope)]))
-
-
-def amx_intrin(k: int, *, accumulate: bool = False) -> str:
-    """The tensor intrinsic for one 32 x 32 block over k reduction elements (k % 32 == 0):
-    C [32, 32] = A [32, k] x B, or with `accumulate` C += A x B (a K split into chunks:
-    C is loaded into the tiles first). B is a [2, k/2, 16, 2] slice of the packed weight
-    [N/16, K/2, 16, 2] (two 16-column panels). Registered once per (k, accumulate); it must
-    run in a tile scope (open_amx_scopes)."""
-    name = f"portable_pe_amx_bf16_32x32x{k}{'_acc' if accumulate else ''}"
-    if TensorIntrin.get(name, allow_missing=True) is not None:
-        return name
-
-    # (TVMScript resolves `if accumulate` while parsing: one of the two forms is built)
-    @T.prim_func(s_tir=True)
-    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
-        sa, sb, sc = T.int64(), T.int64(), T.int64()
-        A = T.match_buffer(a, (32, k), "uint16", offset_factor=1, strides=[sa, 1])
-        B = T.match_buffer(b, (2, k // 2, 16, 2), "uint16", offset_factor=1, strides=[sb, 32, 2, 1])
-        C = T.match_buffer(c, (32, 32), "float32", offset_factor=1, strides=[sc, 1])
-        with T.sblock("root"):
-            if accumulate:
-                T.reads(C[0:32, 0:32], A[0:32, 0:k], B[0:2, 0:k // 2, 0:16, 0:2])
-            else:
-                T.reads(A[0:32, 0:k], B[0:2, 0:k // 2, 0:16, 0:2])
-            T.writes(C[0:32, 0:32])
-            for i, j, r in T.grid(32, 32, k):
-                with T.sblock("update"):
-                    vi, vj, vr = T.axis.remap("SSR", [i, j, r])
-                    T.reads(C[vi, vj], A[vi, vr], B[vj // 16, vr // 2, vj % 16, vr % 2])
-                    T.writes(C[vi, vj])
-                    if not accumulate:
-                        with T.init():
-                            C[vi, vj] = T.float32(0)
-                    C[vi, vj] = C[vi, vj] + widen(A[vi, vr]) * widen(B[vj // 16, vr // 2, vj % 16, vr % 2])
-
-    @T.prim_func(s_tir=True)
-    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
-        sa, sb, sc = T.int64(), T.int64(), T.int64()
-        A = T.match_buffer(a, (32, k), "uint16", offset_factor=1, strides=[sa, 1])
-        B = T.match_buffer(b, (2, k // 2, 16, 2), "uint16", offset_factor=1, strides=[sb, 32, 2, 1])
-        C = T.match_buffer(c, (32, 32), "float32", offset_factor=1, strides=[sc, 1])
-        with T.sblock("root"):
-            T.reads(C[0:32, 0:32], A[0:32, 0:k], B[0:2, 0:k // 2, 0:16, 0:2])
-            T.writes(C[0:32, 0:32])
-            # byte strides: C's rows, A's rows, one 16-column panel of B; k / 32 tile steps
-            T.evaluate(T.call_extern("int32", "portable_pe_amx_bf16", C.access_ptr("rw" if accumulate else "w"), sc * 4,
-                                     A.access_ptr("r"), sa * 2, B.access_ptr("r"), sb * 2,
-                                     T.int64(k // AMX_K), T.int64(1), T.int64(int(accumulate))))
-
-    TensorIntrin.register(name, desc, impl)
-    return name

@@ -29,7 +29,8 @@ import tvm
 from tvm import relax, te, tirx
 from tvm.ir import IRModule
 
-from .bf16_isa import AMX_K, AMX_TILE, bf16_kernel, needed_features, target_arch
+from .amx_tiles import AMX_K, AMX_TILE
+from .bf16_isa import bf16_kernel, needed_features, target_arch
 from .bf16_matmul import FITS
 from .relax_util import (INJECTIVE, OUT_ELEMWISE_FUSABLE, _mutate_relax_functions, _tensor_type, bound_call,
                          mark_op_pattern, rewrite_matmul)

@@ -21,7 +21,8 @@ kernels' register-tiled schedule; on aarch64, BFMMLA in that schedule (bf16_neon
 
 from __future__ import annotations
 
-from .bf16_isa import AMX_IR, AMX_K, AMX_SCOPE, AMX_TILE, AVX512_BF16, amx_intrin, bf16_kernel
+from .amx_tiles import AMX_IR, AMX_K, AMX_SCOPE, AMX_TILE, amx_intrin
+from .bf16_isa import AVX512_BF16, bf16_kernel
 from .bf16_neon import NEON_BFMMLA, fits_bfmmla
 from .int8_matmul import schedule_dot_matmul
 from .matmul import _pack_constant_weight, _pad_to_tiles

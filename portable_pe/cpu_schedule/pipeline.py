@@ -14,7 +14,7 @@ from tvm.ir import IRModule
 
 from .attention import FuseAttention
 from .bf16_linear import LowerBF16Linear
-from .bf16_isa import open_amx_scopes
+from .amx_tiles import open_amx_scopes
 from .bf16_matmul import is_bf16_matmul, schedule_bf16_matmul
 from .dim_vars import WithNamedDims
 from .fast_math import CPUFastMath
