@@ -41,7 +41,8 @@ def _tile_config() -> str:
 
 # tiles 0..3: C (rows 0-15 / 16-31 x columns 0-15 / 16-31); 4, 5: A rows; 6, 7: B columns.
 # portable_pe_amx_bf16 computes NB blocks side by side (C [32, 32 NB]) inside an open
-# scope (begin ... end), from zero or (accumulate != 0) adding to the C in memory. 158 = SYS_arch_prctl, 4131 = ARCH_REQ_XCOMP_PERM, 18 = XFEATURE_XTILEDATA.
+# scope (begin ... end), from zero or (accumulate != 0) adding to the C in memory.
+# 158 = SYS_arch_prctl, 4131 = ARCH_REQ_XCOMP_PERM, 18 = XFEATURE_XTILEDATA.
 AMX_IR = r"""
 declare void @llvm.x86.ldtilecfg(ptr)
 declare void @llvm.x86.tilezero(i8)
@@ -191,6 +192,8 @@ def amx_intrin(k: int, *, accumulate: bool = False) -> str:
                             C[vi, vj] = T.float32(0)
                     C[vi, vj] = C[vi, vj] + widen(A[vi, vr]) * widen(B[vj // 16, vr // 2, vj % 16, vr % 2])
 
+    # impl declares the operands again: a TVMScript prim_func binds its own buffers (built by
+    # a shared helper, their stride variables came out int32 and tensorize did not match)
     @T.prim_func(s_tir=True)
     def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
         sa, sb, sc = T.int64(), T.int64(), T.int64()

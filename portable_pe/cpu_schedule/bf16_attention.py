@@ -148,7 +148,7 @@ def amx_attention_kernel(*, heads: int, qk_dim: int, v_dim: int, bias_dims: tupl
             row_inv = T.decl_buffer((32,), "float32")
             lane4 = T.decl_buffer((_INTERLEAVED * lanes,), "float32")
             e = T.decl_buffer((lanes,), "float32")
-            T.evaluate(amx_scope_call("begin"))  # the item's tile scope (bf16_isa)
+            T.evaluate(amx_scope_call("begin"))  # the item's tile scope (amx_tiles)
             # 1. S = Q Kᵀ on the tiles (byte strides: rows of p, of q, one 16-key panel of kp)
             T.evaluate(T.call_extern("int32", "portable_pe_amx_bf16", T.address_of(p[0, 0]), s_pad * 4,
                                      T.address_of(q[b, h, i0, 0]), T.int64(D * 2),

@@ -24,7 +24,6 @@ from tvm.script import tirx as T
 from .int8_isa import DotIsa, _features
 
 
-
 #: each architecture's kernels, best first, with what each needs as LLVM names its target
 #: features (the errors name them). aarch64's FEAT_BF16 brings BFMMLA and BFDOT together;
 #: BFMMLA does twice BFDOT's multiply-adds per instruction, so it is the one kernel there.

@@ -22,9 +22,9 @@ def _fast_exp(x, degree: int = 7, *, nonpositive: bool = False):
     """float32 exp(x) from TIR arithmetic only, so it vectorizes (LLVM scalarizes
     ``llvm.exp`` into libm calls on x86). exp(x) = 2^n · e^r with n = round(x·log2 e)
     and |r| <= ln2/2; e^r by its degree-7 Taylor polynomial (truncation error
-    below 3e-9 relative, under float32 rounding; degree 5: below 2.5e-6, degree 4:
-    below 4.2e-5, for values rounded to bf16 next, whose half step is 2e-3); 2^n
-    assembled in the exponent bits. x is clamped to [-88, 88.3], which keeps n in [-127, 127]: -inf (the padded
+    below 3e-9 relative, under float32 rounding; degree 5: below 2.5e-6, for values
+    rounded to bf16 next, whose half step is 2e-3); 2^n assembled in the exponent
+    bits. x is clamped to [-88, 88.3], which keeps n in [-127, 127]: -inf (the padded
     columns) and anything below about -87.7 give exactly 0 (n = -127 makes the
     exponent field 0); above 88.3 the result saturates at exp(88.3) ~ 2e38 instead of
     overflowing (softmax only calls it on s - max <= 0).

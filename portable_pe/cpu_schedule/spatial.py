@@ -55,13 +55,13 @@ def _recomputes(sch, producer, consumers) -> bool:
     block = sch.get(producer)
     if not (_has_expensive_math(block) or _is_big(block)):
         return False
-    name = re.escape(_region_buffer(block.writes[0]).name)
-    load = re.compile(rf"(?<![\w.]){name}\[")
+    out = _region_buffer(block.writes[0])
+    load = re.compile(rf"(?<![\w.]){re.escape(out.name)}\[")
     if sum(len(load.findall(str(sch.get(c).body))) for c in consumers) > 1:
         return True
     # a consumer that broadcasts it (a [T, D] position table added to [B, T, D] tokens)
     # would compute it again for every batch item
-    return any(_reads_broadcast(sch.get(c), _region_buffer(block.writes[0])) for c in consumers)
+    return any(_reads_broadcast(sch.get(c), out) for c in consumers)
 
 
 def _reads_broadcast(block, buffer) -> bool:
