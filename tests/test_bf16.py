@@ -297,7 +297,8 @@ def test_amx_attention_is_the_bf16_products_of_float32_softmax(with_bias):
     import tvm
     from tvm import relax
     vm = relax.VirtualMachine(executable, tvm.cpu())
-    for b, t in ((1, 1), (2, 33), (1, 100)):
+    # t = 64 and 512: whole tiles start from the bias; 512 (2 MiB of bias): items head-major
+    for b, t in ((1, 1), (2, 33), (1, 100), (2, 64), (2, 512)):
         rng = np.random.default_rng(t)
         q, k, v = (rng.standard_normal((b, heads, t, d)).astype(np.float32) for _ in range(3))
         bias = rng.standard_normal((heads, t, t)).astype(np.float32)

@@ -40,8 +40,10 @@ def _tile_config() -> str:
 
 
 # tiles 0..3: C (rows 0-15 / 16-31 x columns 0-15 / 16-31); 4, 5: A rows; 6, 7: B columns.
-# portable_pe_amx_bf16 computes NB blocks side by side (C [32, 32 NB]) inside an open
-# scope (begin ... end), from zero or (accumulate != 0) adding to the C in memory.
+# portable_pe_amx_bf16_onto computes NB blocks side by side (C [32, 32 NB]) inside an open
+# scope (begin ... end), from zero (init null) or onto a [32, 32 NB] float32 start read
+# from init (row stride ldi bytes: the C in memory, or an attention bias); portable_pe_amx_bf16
+# is it from zero or (accumulate != 0) onto C itself.
 # 158 = SYS_arch_prctl, 4131 = ARCH_REQ_XCOMP_PERM, 18 = XFEATURE_XTILEDATA.
 AMX_IR = r"""
 declare void @llvm.x86.ldtilecfg(ptr)
@@ -73,12 +75,20 @@ define internal i32 @portable_pe_amx_end() {
 }
 
 define internal i32 @portable_pe_amx_bf16(ptr %c, i64 %ldc, ptr %a, i64 %lda, ptr %b, i64 %ldb, i64 %steps, i64 %blocks, i64 %accumulate) {
+  %from_zero = icmp eq i64 %accumulate, 0
+  %init = select i1 %from_zero, ptr null, ptr %c
+  %rc = call i32 @portable_pe_amx_bf16_onto(ptr %c, i64 %ldc, ptr %init, i64 %ldc, ptr %a, i64 %lda, ptr %b, i64 %ldb, i64 %steps, i64 %blocks)
+  ret i32 %rc
+}
+
+define internal i32 @portable_pe_amx_bf16_onto(ptr %c, i64 %ldc, ptr %init, i64 %ldi, ptr %a, i64 %lda, ptr %b, i64 %ldb, i64 %steps, i64 %blocks) {
 entry:
   %a_rows = mul i64 %lda, 16
   %a1 = getelementptr i8, ptr %a, i64 %a_rows
   %c_rows = mul i64 %ldc, 16
+  %i_rows = mul i64 %ldi, 16
   %b_block = mul i64 %ldb, 2
-  %from_zero = icmp eq i64 %accumulate, 0
+  %from_zero = icmp eq ptr %init, null
   br label %block
 block:
   %n = phi i64 [0, %entry], [%n_next, %store]
@@ -87,6 +97,10 @@ block:
   %c1 = getelementptr i8, ptr %cn, i64 64
   %c2 = getelementptr i8, ptr %cn, i64 %c_rows
   %c3 = getelementptr i8, ptr %c2, i64 64
+  %in = getelementptr i8, ptr %init, i64 %c_off
+  %i1 = getelementptr i8, ptr %in, i64 64
+  %i2 = getelementptr i8, ptr %in, i64 %i_rows
+  %i3 = getelementptr i8, ptr %i2, i64 64
   %b_off = mul i64 %n, %b_block
   %bn0 = getelementptr i8, ptr %b, i64 %b_off
   %bn1 = getelementptr i8, ptr %bn0, i64 %ldb
@@ -98,10 +112,10 @@ zero:
   call void @llvm.x86.tilezero(i8 3)
   br label %step
 load:
-  call void @llvm.x86.tileloadd64(i8 0, ptr %cn, i64 %ldc)
-  call void @llvm.x86.tileloadd64(i8 1, ptr %c1, i64 %ldc)
-  call void @llvm.x86.tileloadd64(i8 2, ptr %c2, i64 %ldc)
-  call void @llvm.x86.tileloadd64(i8 3, ptr %c3, i64 %ldc)
+  call void @llvm.x86.tileloadd64(i8 0, ptr %in, i64 %ldi)
+  call void @llvm.x86.tileloadd64(i8 1, ptr %i1, i64 %ldi)
+  call void @llvm.x86.tileloadd64(i8 2, ptr %i2, i64 %ldi)
+  call void @llvm.x86.tileloadd64(i8 3, ptr %i3, i64 %ldi)
   br label %step
 step:
   %k = phi i64 [0, %zero], [0, %load], [%k_next, %step]
