@@ -223,3 +223,43 @@ def test_every_kernel_keeps_its_noalias_compute_function_beside_the_vms_shape_fu
     ir = tvm.compile(pair, target=target).mod.inspect_source("ll")
     for name in kernels:
         assert f"@{name}_compute_(" in ir, f"{name} lost its noalias compute function"
+
+
+_TINY_ALIBI_32 = """# 2 layers, d=64, 2 heads of 32 (the AMX attention's head dims), ALiBi
+name = "tiny_alibi_32"
+seed = 11
+
+[model]
+d_model = 64
+n_heads = 2
+n_layers = 2
+d_ff = 128
+
+[encoding]
+name = "alibi"
+
+[export]
+example_length = 16
+max_length = 1024
+"""
+
+
+def test_int8_attention_runs_on_amx_tiles_no_less_accurate_than_onnxruntime_int8(tmp_path):
+    """On a CPU with AMX-BF16 an int8 build's attention (not quantized) takes the bf16
+    tile kernel: the manifest says so (the run-time instruction check reads it), and the
+    output stays as close to PyTorch float32 as onnxruntime's int8 of the same QDQ graph,
+    at a length whose blocks start from the ALiBi bias in the tiles (64) and two that do
+    not (1, 33)."""
+    from portable_pe.compile.pipeline import compile_graph
+    from portable_pe.host_cpu import amx_permitted, cpu_flags
+    if not {"amx_tile", "amx_bf16"} <= cpu_flags() or not amx_permitted():
+        pytest.skip("this CPU has no AMX-BF16 (or Linux refuses its tiles): int8 attention stays float32")
+    spec = tmp_path / "tiny_alibi_32.toml"
+    spec.write_text(_TINY_ALIBI_32)
+    bundle = compile_graph(str(spec), target="llvm", precision="int8", out=tmp_path / "b", log=lambda m: None)
+    assert bundle.manifest["bf16"] == {"kernel": "amx-bf16", "attentions_bf16": 2, "attentions_float32": 0}
+    report = check_bundle(bundle, lengths=(1, 33, 64), batch=2)
+    assert report.ok, report.to_markdown()
+    rows = {(r.candidate, r.length): r for r in report.rows}
+    for t in (1, 33, 64):
+        assert rows[("tvm", t)].cosine >= rows[("onnxruntime", t)].cosine - 1e-6, report.to_markdown()

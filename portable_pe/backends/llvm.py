@@ -49,8 +49,10 @@ def host_features(cpu: str) -> list[str]:
 
 
 def for_precision(target: tvm.target.Target, spec, precision: str) -> tvm.target.Target:
-    """bf16 needs AMX-BF16 or AVX512-BF16: the host's, when the target is the host CPU."""
-    if precision != "bf16":
+    """bf16 needs AMX-BF16 or AVX512-BF16: the host's, when the target is the host CPU.
+    int8 gets the host's too, unrequired: its attention runs on AMX where it has it
+    (bf16_plan.BF16_ATTENTION_PRECISIONS)."""
+    if precision not in ("bf16", "int8"):
         return target
     from ..cpu_schedule.bf16_isa import bf16_kernel, needed_features
     if spec.tvm.get("mcpu") == "host":
@@ -59,7 +61,7 @@ def for_precision(target: tvm.target.Target, spec, precision: str) -> tvm.target
             config = dict(target.export())
             config["mattr"] = [*config.get("mattr", []), *(f"+{f}" for f in extra)]
             target = tvm.target.Target(config)
-    if bf16_kernel(target) is None:
+    if precision == "bf16" and bf16_kernel(target) is None:
         raise ValueError(f"--precision bf16 needs an x86 CPU with {needed_features('x86')} (AMX tdpbf16ps or AVX-512 vdpbf16ps); "
                          f"target {spec.name!r} ({target.attrs.get('mcpu', 'generic')}) has neither: build fp32 "
                          f"(the default) or --precision int8")

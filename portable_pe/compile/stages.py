@@ -257,7 +257,8 @@ def stage_vendor(st: CompileState) -> Added:
 def stage_build(st: CompileState) -> Added:
     backend = get_backend(st.target.backend)
     pipeline = backend.relax_pipeline(st.tvm_target, precision=st.request.precision)
-    report = _bf16_report(st) if st.request.precision == "bf16" else {}
+    report = (_bf16_report(st) if st.request.precision == "bf16" else
+              _int8_attention_report(st) if st.request.precision == "int8" else {})
     if not st.tuning.get("specializations"):
         executable = backend.build(st.relax, st.tvm_target, pipeline)
         return Added(executable=executable, report={**report, **_pipeline_report(pipeline)})
@@ -289,6 +290,19 @@ def _bf16_report(st: CompileState) -> dict:
     st.log(f"  bf16: {plan['matmuls_bf16']} matmul(s) with constant weights in bf16 ({plan['kernel']}), "
            f"{plan['matmuls_float32']} kept float32 (shape); attention: {plan['attentions_bf16']} "
            f"in bf16, {plan['attentions_float32']} in float32")
+    return {"bf16": plan}
+
+
+def _int8_attention_report(st: CompileState) -> dict:
+    """An int8 llvm build's "bf16" section where its attention runs on AMX (bf16_plan)."""
+    from ..cpu_schedule.bf16_isa import bf16_kernel
+    from ..cpu_schedule.bf16_plan import attention_plan
+    if st.tvm_target.kind.name != "llvm" or bf16_kernel(st.tvm_target) != "amx-bf16":
+        return {}
+    plan = attention_plan(st.relax, st.tvm_target)
+    if not plan["attentions_bf16"]:
+        return {}
+    st.log(f"  attention: {plan['attentions_bf16']} in bf16 on AMX tiles, {plan['attentions_float32']} in float32")
     return {"bf16": plan}
 
 

@@ -14,6 +14,7 @@ from tvm.ir import IRModule
 
 from .attention import FuseAttention
 from .bf16_linear import LowerBF16Linear
+from .bf16_plan import BF16_ATTENTION_PRECISIONS
 from .amx_tiles import open_amx_scopes
 from .bf16_matmul import is_bf16_matmul, schedule_bf16_matmul
 from .dim_vars import WithNamedDims
@@ -159,8 +160,9 @@ def fusion_passes(*, fast_math: bool = True, precision: str = "fp32") -> list:
         # dequantize -> matmul with a constant int8 weight (QDQ graphs) as an integer matmul
         LowerQuantizedMatmul(),
         *([LowerBF16Linear()] if precision == "bf16" else []),
-        # attention as one kernel (CPU targets); before fast math rewrites its softmax
-        FuseAttention(bf16=precision == "bf16"),
+        # attention as one kernel (CPU targets); before fast math rewrites its softmax.
+        # int8 builds take the bf16 one too where the CPU has AMX (bf16_plan)
+        FuseAttention(bf16=precision in BF16_ATTENTION_PRECISIONS),
         # head splits/merges and q/k/v splits that FuseOps can fuse at a symbolic length
         FusableHeadReshapes(),
         # library dispatch
