@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-#: /proc/cpuinfo flags -> the LLVM features they are (the bf16 kernels', cpu_schedule/bf16_isa.py)
-LLVM_FEATURE_OF_FLAG = {"avx512_bf16": "avx512bf16", "amx_tile": "amx-tile", "amx_bf16": "amx-bf16"}
+#: /proc/cpuinfo flags -> the LLVM features they are (the bf16 kernels', cpu_schedule/bf16_isa.py,
+#: and AMX-INT8's, int8_isa.py)
+LLVM_FEATURE_OF_FLAG = {"avx512_bf16": "avx512bf16", "amx_tile": "amx-tile", "amx_bf16": "amx-bf16",
+                        "amx_int8": "amx-int8"}
 
 
 def cpu_flags() -> set[str]:

@@ -24,9 +24,10 @@ from conftest import TINY_SPEC
 K, N1, N2 = 64, 48, 32
 
 
-def _qdq_model(seed: int = 0) -> onnx.ModelProto:
+def _qdq_model(seed: int = 0, dims: tuple[int, int, int] = (K, N1, N2)) -> onnx.ModelProto:
     """x -> Q/DQ -> MatMul(W1) + b1 -> Relu -> Q/DQ -> MatMul(W2): two int8 matmuls, the
     second fed by a requantized activation, like an encoder's feed-forward block."""
+    K, N1, N2 = dims  # noqa: N806 (the module's names for the same dims)
     rng = np.random.default_rng(seed)
     w1 = rng.integers(-127, 128, (K, N1)).astype(np.int8)
     w2 = rng.integers(-127, 128, (N1, N2)).astype(np.int8)
@@ -79,21 +80,40 @@ def _plain(a_dtype: str) -> DotIsa:
     return DotIsa(f"plain-{a_dtype}", a_dtype, "int8", 8, 4, None, 4, 2)
 
 
-@pytest.mark.parametrize("variant", ["host", "uint8", "int8"])
+def _amx_int8_missing() -> str | None:
+    from portable_pe.host_cpu import amx_permitted, cpu_flags
+    if not {"amx_tile", "amx_int8"} <= cpu_flags() or not amx_permitted():
+        return "this CPU has no AMX-INT8 (or Linux refuses its tiles)"
+    return None
+
+
+@pytest.mark.parametrize("variant", ["host", "uint8", "int8", "amx-int8"])
 def test_int8_kernels_compute_the_qdq_graph_exactly(variant, monkeypatch):
     """Integer accumulation: the result is the QDQ graph's up to float rounding of the
-    final scale (dynamic T, rows that are no multiple of the tile, batch 2)."""
+    final scale (dynamic T, rows that are no multiple of the tile, batch 2). amx-int8: the
+    host's AMX features added, as a compile for it does, and dims the tiles take (K = 1024:
+    two chunks of 512 accumulating in memory; then K = 64, one tile step)."""
     import tvm
     from tvm import relax
-    if variant != "host":
+    from portable_pe.backends import llvm
+    cpu = tvm.target.codegen.llvm_get_system_cpu()
+    target, dims = {"kind": "llvm", "mcpu": cpu}, (K, N1, N2)
+    if variant == "amx-int8":
+        if _amx_int8_missing():
+            pytest.skip(_amx_int8_missing())
+        target["mattr"] = [f"+{f}" for f in llvm.host_features(cpu)]
+        dims = (1024, 64, 32)
+    elif variant != "host":
         for module in ("quant_matmul", "int8_matmul"):
             monkeypatch.setattr(f"portable_pe.cpu_schedule.{module}.int8_isa", lambda target: _plain(variant))
-    model = _qdq_model()
-    vm = relax.VirtualMachine(_build(model, {"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()}),
-                              tvm.cpu())
+    model = _qdq_model(dims=dims)
+    executable = _build(model, target)
+    if variant == "amx-int8":  # both matmuls on the tiles
+        assert executable.mod.imports[0].inspect_source("asm").count("tdpbusd") >= 8
+    vm = relax.VirtualMachine(executable, tvm.cpu())
     rng = np.random.default_rng(1)
     for batch, seq in [(1, 1), (2, 7), (1, 33)]:
-        x = rng.standard_normal((batch, seq, K)).astype(np.float32)
+        x = rng.standard_normal((batch, seq, dims[0])).astype(np.float32)
         got = vm["main"](tvm.runtime.tensor(x)).numpy()
         want = _exact(model, x)
         assert got.shape == want.shape and got.dtype == np.float32
@@ -263,3 +283,20 @@ def test_int8_attention_runs_on_amx_tiles_no_less_accurate_than_onnxruntime_int8
     rows = {(r.candidate, r.length): r for r in report.rows}
     for t in (1, 33, 64):
         assert rows[("tvm", t)].cosine >= rows[("onnxruntime", t)].cosine - 1e-6, report.to_markdown()
+
+
+def test_an_amx_int8_bundle_is_refused_on_a_cpu_without_amx_int8(tmp_path, monkeypatch):
+    """Its first tile instruction would stop the process: the runner says why before."""
+    if _amx_int8_missing():
+        pytest.skip(_amx_int8_missing())
+    from portable_pe import host_cpu
+    from portable_pe.bundle.artifact import BundleError
+    from portable_pe.compile.pipeline import compile_graph
+    from portable_pe.run.local import LocalRunner
+    bundle = compile_graph(str(TINY_SPEC), target="llvm", precision="int8", out=tmp_path / "b", log=lambda m: None)
+    assert bundle.manifest["int8"] == {"kernel": "amx-int8"}
+    flags = host_cpu.cpu_flags()
+    monkeypatch.setattr(host_cpu, "cpu_flags", lambda: flags - {"amx_int8"})
+    with pytest.raises(BundleError, match=r"runs its int8 kernels on amx-int8, which needs amx_tile, amx_int8; "
+                                          r"this CPU has no amx_int8"):
+        LocalRunner(bundle)

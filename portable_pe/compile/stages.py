@@ -294,16 +294,24 @@ def _bf16_report(st: CompileState) -> dict:
 
 
 def _int8_attention_report(st: CompileState) -> dict:
-    """An int8 llvm build's "bf16" section where its attention runs on AMX (bf16_plan)."""
+    """An int8 llvm build's AMX kernels, for the run-time check of the CPU's instructions:
+    the "int8" section names AMX-INT8 where its matmuls run on the tiles, the "bf16" one
+    its attention where that runs on AMX-BF16 (bf16_plan)."""
     from ..cpu_schedule.bf16_isa import bf16_kernel
     from ..cpu_schedule.bf16_plan import attention_plan
-    if st.tvm_target.kind.name != "llvm" or bf16_kernel(st.tvm_target) != "amx-bf16":
+    from ..cpu_schedule.int8_isa import has_amx_int8, int8_isa
+    if st.tvm_target.kind.name != "llvm":
         return {}
-    plan = attention_plan(st.relax, st.tvm_target)
-    if not plan["attentions_bf16"]:
-        return {}
-    st.log(f"  attention: {plan['attentions_bf16']} in bf16 on AMX tiles, {plan['attentions_float32']} in float32")
-    return {"bf16": plan}
+    amx_int8 = has_amx_int8(st.tvm_target) and int8_isa(st.tvm_target).a_dtype == "uint8"
+    report = {"int8": {"kernel": "amx-int8" if amx_int8 else int8_isa(st.tvm_target).name}}
+    st.log(f"  int8 matmuls: {report['int8']['kernel']}" + (" where K % 64 == 0 and N % 32 == 0, else "
+                                                          f"{int8_isa(st.tvm_target).name}" if amx_int8 else ""))
+    if bf16_kernel(st.tvm_target) == "amx-bf16":
+        plan = attention_plan(st.relax, st.tvm_target)
+        if plan["attentions_bf16"]:
+            st.log(f"  attention: {plan['attentions_bf16']} in bf16 on AMX tiles, {plan['attentions_float32']} in float32")
+            report["bf16"] = plan
+    return report
 
 
 def stage_finalize(st: CompileState) -> Added:

@@ -39,49 +39,19 @@ def _tile_config() -> str:
     return "".join(f"\\{b:02X}" for b in config)
 
 
-# tiles 0..3: C (rows 0-15 / 16-31 x columns 0-15 / 16-31); 4, 5: A rows; 6, 7: B columns.
-# portable_pe_amx_bf16_onto computes NB blocks side by side (C [32, 32 NB]) inside an open
-# scope (begin ... end), from zero (init null) or onto a [32, 32 NB] float32 start read
-# from init (row stride ldi bytes: the C in memory, or an attention bias); portable_pe_amx_bf16
-# is it from zero or (accumulate != 0) onto C itself.
-# 158 = SYS_arch_prctl, 4131 = ARCH_REQ_XCOMP_PERM, 18 = XFEATURE_XTILEDATA.
-AMX_IR = r"""
-declare void @llvm.x86.ldtilecfg(ptr)
-declare void @llvm.x86.tilezero(i8)
-declare void @llvm.x86.tileloadd64(i8, ptr, i64)
-declare void @llvm.x86.tdpbf16ps(i8, i8, i8)
-declare void @llvm.x86.tilestored64(i8, ptr, i64)
-declare void @llvm.x86.tilerelease()
-declare i64 @syscall(i64, ...)
-@portable_pe_amx_config = internal constant [64 x i8] c"CONFIG", align 64
-@portable_pe_amx_permitted = internal global i1 false
-
-define internal i32 @portable_pe_amx_begin() {
-entry:
-  %permitted = load i1, ptr @portable_pe_amx_permitted
-  br i1 %permitted, label %start, label %permit
-permit:
-  %rc = call i64 (i64, ...) @syscall(i64 158, i64 4131, i64 18)
-  store i1 true, ptr @portable_pe_amx_permitted
-  br label %start
-start:
-  call void @llvm.x86.ldtilecfg(ptr @portable_pe_amx_config)
-  ret i32 0
-}
-
-define internal i32 @portable_pe_amx_end() {
-  call void @llvm.x86.tilerelease()
-  ret i32 0
-}
-
-define internal i32 @portable_pe_amx_bf16(ptr %c, i64 %ldc, ptr %a, i64 %lda, ptr %b, i64 %ldb, i64 %steps, i64 %blocks, i64 %accumulate) {
+# portable_pe_amx_KIND_onto, the micro-kernel, for one tile instruction (tdpbf16ps: bf16
+# pairs into float32; tdpbusd: uint8 x int8 quads into int32). Both take 64-byte rows of
+# A and B (32 bf16 or 64 int8 reduction elements per step) and a C of 16 x 16 4-byte lanes
+# per tile, so one body serves both.
+_MICRO_KERNEL_IR = r"""
+define internal i32 @portable_pe_amx_KIND(ptr %c, i64 %ldc, ptr %a, i64 %lda, ptr %b, i64 %ldb, i64 %steps, i64 %blocks, i64 %accumulate) {
   %from_zero = icmp eq i64 %accumulate, 0
   %init = select i1 %from_zero, ptr null, ptr %c
-  %rc = call i32 @portable_pe_amx_bf16_onto(ptr %c, i64 %ldc, ptr %init, i64 %ldc, ptr %a, i64 %lda, ptr %b, i64 %ldb, i64 %steps, i64 %blocks)
+  %rc = call i32 @portable_pe_amx_KIND_onto(ptr %c, i64 %ldc, ptr %init, i64 %ldc, ptr %a, i64 %lda, ptr %b, i64 %ldb, i64 %steps, i64 %blocks)
   ret i32 %rc
 }
 
-define internal i32 @portable_pe_amx_bf16_onto(ptr %c, i64 %ldc, ptr %init, i64 %ldi, ptr %a, i64 %lda, ptr %b, i64 %ldb, i64 %steps, i64 %blocks) {
+define internal i32 @portable_pe_amx_KIND_onto(ptr %c, i64 %ldc, ptr %init, i64 %ldi, ptr %a, i64 %lda, ptr %b, i64 %ldb, i64 %steps, i64 %blocks) {
 entry:
   %a_rows = mul i64 %lda, 16
   %a1 = getelementptr i8, ptr %a, i64 %a_rows
@@ -129,10 +99,10 @@ step:
   call void @llvm.x86.tileloadd64(i8 5, ptr %pa1, i64 %lda)
   call void @llvm.x86.tileloadd64(i8 6, ptr %pb0, i64 64)
   call void @llvm.x86.tileloadd64(i8 7, ptr %pb1, i64 64)
-  call void @llvm.x86.tdpbf16ps(i8 0, i8 4, i8 6)
-  call void @llvm.x86.tdpbf16ps(i8 1, i8 4, i8 7)
-  call void @llvm.x86.tdpbf16ps(i8 2, i8 5, i8 6)
-  call void @llvm.x86.tdpbf16ps(i8 3, i8 5, i8 7)
+  call void @llvm.x86.INSTRUCTION(i8 0, i8 4, i8 6)
+  call void @llvm.x86.INSTRUCTION(i8 1, i8 4, i8 7)
+  call void @llvm.x86.INSTRUCTION(i8 2, i8 5, i8 6)
+  call void @llvm.x86.INSTRUCTION(i8 3, i8 5, i8 7)
   %k_next = add i64 %k, 1
   %k_done = icmp eq i64 %k_next, %steps
   br i1 %k_done, label %store, label %step
@@ -147,7 +117,53 @@ store:
 exit:
   ret i32 0
 }
-""".replace("CONFIG", _tile_config())
+"""
+
+
+def _micro_kernel(kind: str, instruction: str) -> str:
+    return _MICRO_KERNEL_IR.replace("KIND", kind).replace("INSTRUCTION", instruction)
+
+
+# tiles 0..3: C (rows 0-15 / 16-31 x columns 0-15 / 16-31); 4, 5: A rows; 6, 7: B columns.
+# portable_pe_amx_bf16_onto computes NB blocks side by side (C [32, 32 NB]) inside an open
+# scope (begin ... end), from zero (init null) or onto a [32, 32 NB] float32 start read
+# from init (row stride ldi bytes: the C in memory, or an attention bias); portable_pe_amx_bf16
+# is it from zero or (accumulate != 0) onto C itself.
+# 158 = SYS_arch_prctl, 4131 = ARCH_REQ_XCOMP_PERM, 18 = XFEATURE_XTILEDATA.
+AMX_IR = r"""
+declare void @llvm.x86.ldtilecfg(ptr)
+declare void @llvm.x86.tilezero(i8)
+declare void @llvm.x86.tileloadd64(i8, ptr, i64)
+declare void @llvm.x86.tdpbf16ps(i8, i8, i8)
+declare void @llvm.x86.tilestored64(i8, ptr, i64)
+declare void @llvm.x86.tilerelease()
+declare i64 @syscall(i64, ...)
+@portable_pe_amx_config = internal constant [64 x i8] c"CONFIG", align 64
+@portable_pe_amx_permitted = internal global i1 false
+
+define internal i32 @portable_pe_amx_begin() {
+entry:
+  %permitted = load i1, ptr @portable_pe_amx_permitted
+  br i1 %permitted, label %start, label %permit
+permit:
+  %rc = call i64 (i64, ...) @syscall(i64 158, i64 4131, i64 18)
+  store i1 true, ptr @portable_pe_amx_permitted
+  br label %start
+start:
+  call void @llvm.x86.ldtilecfg(ptr @portable_pe_amx_config)
+  ret i32 0
+}
+
+define internal i32 @portable_pe_amx_end() {
+  call void @llvm.x86.tilerelease()
+  ret i32 0
+}
+
+""".replace("CONFIG", _tile_config()) + _micro_kernel("bf16", "tdpbf16ps")
+
+# AMX-INT8's micro-kernel (portable_pe_amx_i8, _onto): imported after AMX_IR, whose
+# declarations, tile configuration and scopes it uses
+AMX_INT8_IR = "declare void @llvm.x86.tdpbusd(i8, i8, i8)\n" + _micro_kernel("i8", "tdpbusd")
 
 #: the loop annotation whose every iteration is one tile scope (open_amx_scopes)
 AMX_SCOPE = "portable_pe.amx_scope"
@@ -173,54 +189,70 @@ def open_amx_scopes(func):
     return func.with_body(structural_mutate(func.body, [(tirx.For, scope)]))
 
 
-def amx_intrin(k: int, *, accumulate: bool = False) -> str:
-    """The tensor intrinsic for one 32 x 32 block over k reduction elements (k % 32 == 0):
-    C [32, 32] = A [32, k] x B, or with `accumulate` C += A x B (a K split into chunks:
-    C is loaded into the tiles first). B is a [2, k/2, 16, 2] slice of the packed weight
-    [N/16, K/2, 16, 2] (two 16-column panels). Registered once per (k, accumulate); it must
-    run in a tile scope (open_amx_scopes)."""
-    name = f"portable_pe_amx_bf16_32x32x{k}{'_acc' if accumulate else ''}"
+#: per tile kind: (A's and B's element type, C's, reduction elements per 4-byte lane of B)
+AMX_KINDS = {"bf16": ("uint16", "float32", 2), "i8": (("uint8", "int8"), "int32", 4)}
+
+
+def amx_intrin(k: int, *, accumulate: bool = False, kind: str = "bf16") -> str:
+    """The tensor intrinsic for one 32 x 32 block over k reduction elements (64 bytes of
+    them per tile step: k % 32 == 0 in bf16, k % 64 == 0 in int8): C [32, 32] = A [32, k] x B,
+    or with `accumulate` C += A x B (a K split into chunks: C is loaded into the tiles
+    first). B is a [2, k/G, 16, G] slice of the packed weight [N/16, K/G, 16, G] (two
+    16-column panels; G = 2 bf16 pairs, 4 int8 quads). bf16: bit patterns (uint16) into
+    float32; "i8": uint8 activations x int8 weights into int32 (tdpbusd). Registered once
+    per (k, accumulate, kind); it must run in a tile scope (open_amx_scopes)."""
+    name = f"portable_pe_amx_{kind}_32x32x{k}{'_acc' if accumulate else ''}"
     if TensorIntrin.get(name, allow_missing=True) is not None:
         return name
+    operands, c_dtype, g = AMX_KINDS[kind]
+    a_dtype, b_dtype = operands if isinstance(operands, tuple) else (operands, operands)
+    size = {"uint16": 2, "uint8": 1, "int8": 1}[a_dtype]  # bytes per element: strides in bytes
+    steps = k * size // 64
+
+    def product(a, b):
+        if kind == "bf16":
+            return widen(a) * widen(b)
+        return T.Cast("int32", a) * T.Cast("int32", b)
+    zero = T.float32(0) if c_dtype == "float32" else T.int32(0)
 
     # (TVMScript resolves `if accumulate` while parsing: one of the two forms is built)
     @T.prim_func(s_tir=True)
     def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
         sa, sb, sc = T.int64(), T.int64(), T.int64()
-        A = T.match_buffer(a, (32, k), "uint16", offset_factor=1, strides=[sa, 1])
-        B = T.match_buffer(b, (2, k // 2, 16, 2), "uint16", offset_factor=1, strides=[sb, 32, 2, 1])
-        C = T.match_buffer(c, (32, 32), "float32", offset_factor=1, strides=[sc, 1])
+        A = T.match_buffer(a, (32, k), a_dtype, offset_factor=1, strides=[sa, 1])
+        B = T.match_buffer(b, (2, k // g, 16, g), b_dtype, offset_factor=1, strides=[sb, 16 * g, g, 1])
+        C = T.match_buffer(c, (32, 32), c_dtype, offset_factor=1, strides=[sc, 1])
         with T.sblock("root"):
             if accumulate:
-                T.reads(C[0:32, 0:32], A[0:32, 0:k], B[0:2, 0:k // 2, 0:16, 0:2])
+                T.reads(C[0:32, 0:32], A[0:32, 0:k], B[0:2, 0:k // g, 0:16, 0:g])
             else:
-                T.reads(A[0:32, 0:k], B[0:2, 0:k // 2, 0:16, 0:2])
+                T.reads(A[0:32, 0:k], B[0:2, 0:k // g, 0:16, 0:g])
             T.writes(C[0:32, 0:32])
             for i, j, r in T.grid(32, 32, k):
                 with T.sblock("update"):
                     vi, vj, vr = T.axis.remap("SSR", [i, j, r])
-                    T.reads(C[vi, vj], A[vi, vr], B[vj // 16, vr // 2, vj % 16, vr % 2])
+                    T.reads(C[vi, vj], A[vi, vr], B[vj // 16, vr // g, vj % 16, vr % g])
                     T.writes(C[vi, vj])
                     if not accumulate:
                         with T.init():
-                            C[vi, vj] = T.float32(0)
-                    C[vi, vj] = C[vi, vj] + widen(A[vi, vr]) * widen(B[vj // 16, vr // 2, vj % 16, vr % 2])
+                            C[vi, vj] = zero
+                    C[vi, vj] = C[vi, vj] + product(A[vi, vr], B[vj // 16, vr // g, vj % 16, vr % g])
 
     # impl declares the operands again: a TVMScript prim_func binds its own buffers (built by
     # a shared helper, their stride variables came out int32 and tensorize did not match)
     @T.prim_func(s_tir=True)
     def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
         sa, sb, sc = T.int64(), T.int64(), T.int64()
-        A = T.match_buffer(a, (32, k), "uint16", offset_factor=1, strides=[sa, 1])
-        B = T.match_buffer(b, (2, k // 2, 16, 2), "uint16", offset_factor=1, strides=[sb, 32, 2, 1])
-        C = T.match_buffer(c, (32, 32), "float32", offset_factor=1, strides=[sc, 1])
+        A = T.match_buffer(a, (32, k), a_dtype, offset_factor=1, strides=[sa, 1])
+        B = T.match_buffer(b, (2, k // g, 16, g), b_dtype, offset_factor=1, strides=[sb, 16 * g, g, 1])
+        C = T.match_buffer(c, (32, 32), c_dtype, offset_factor=1, strides=[sc, 1])
         with T.sblock("root"):
-            T.reads(C[0:32, 0:32], A[0:32, 0:k], B[0:2, 0:k // 2, 0:16, 0:2])
+            T.reads(C[0:32, 0:32], A[0:32, 0:k], B[0:2, 0:k // g, 0:16, 0:g])
             T.writes(C[0:32, 0:32])
-            # byte strides: C's rows, A's rows, one 16-column panel of B; k / 32 tile steps
-            T.evaluate(T.call_extern("int32", "portable_pe_amx_bf16", C.access_ptr("rw" if accumulate else "w"), sc * 4,
-                                     A.access_ptr("r"), sa * 2, B.access_ptr("r"), sb * 2,
-                                     T.int64(k // AMX_K), T.int64(1), T.int64(int(accumulate))))
+            # byte strides: C's rows, A's rows, one 16-column panel of B; 64-byte tile steps
+            T.evaluate(T.call_extern("int32", f"portable_pe_amx_{kind}", C.access_ptr("rw" if accumulate else "w"),
+                                     sc * 4, A.access_ptr("r"), sa * size, B.access_ptr("r"), sb * size,
+                                     T.int64(steps), T.int64(1), T.int64(int(accumulate))))
 
     TensorIntrin.register(name, desc, impl)
     return name

@@ -11,6 +11,8 @@ An int8 matmul micro-kernel multiplies a broadcast group of KG activations by a
     neon-i8mm      smmla v.4s: a 2 x 2 tile         int8 x int8      2     8   (2 rows)
     neon-dotprod   sdot v.4s                        int8 x int8      4     4
     neon           smlal (LLVM picks it; no intrin) int16 x int16    4     1
+With AMX-INT8 (``has_amx_int8``), int8_matmul runs avx512-vnni's operands on the tiles
+instead (tdpbusd: 32 x 32 int32 blocks, amx_matmul) wherever K and N fit them.
 
 smmla (FEAT_I8MM) multiplies two rows of 8 activations by two columns of 8 weights into
 a 2 x 2 int32 tile: 32 multiply-adds per instruction against sdot's 16. Its instruction
@@ -61,6 +63,15 @@ def _features(target) -> set[str]:
         return set(llvm_get_cpu_features(target))
     except Exception:  # pylint: disable=broad-except
         return set()
+
+
+AMX_INT8_FEATURES = ("amx-tile", "amx-int8")
+
+
+def has_amx_int8(target) -> bool:
+    """Whether `target` has AMX-INT8 (tdpbusd on tiles: Sapphire Rapids and later Xeons),
+    which int8_matmul uses before the dot product below where the shape fits."""
+    return set(AMX_INT8_FEATURES) <= _features(target)
 
 
 def int8_isa(target) -> DotIsa:

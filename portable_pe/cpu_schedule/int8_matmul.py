@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import logging
 
-from .int8_isa import int8_isa
+from .amx_matmul import schedule_amx_matmul
+from .int8_isa import has_amx_int8, int8_isa
 from .matmul import _pack_constant_weight, _pad_to_tiles
 from .loops import _parallel_outer, _vectorize_inner
 from .tir_util import _loop_extent, _region_buffer
@@ -44,8 +45,14 @@ def is_integer_matmul(sch, mm_block) -> bool:
 
 def schedule_int8_matmul(sch, mm_block, other_blocks, target) -> bool:
     """Schedule an integer matmul with a constant weight; False (schedule untouched)
-    when its shape does not fit the target's kernel (the float rule then takes it)."""
-    return schedule_dot_matmul(sch, mm_block, other_blocks, int8_isa(target))
+    when its shape does not fit the target's kernel (the float rule then takes it). With
+    AMX-INT8, the tile schedule (amx_matmul: tdpbusd takes VNNI's uint8 x int8 operands)
+    where K is a multiple of 64 and N of 32; else the dot product's register tiles."""
+    isa = int8_isa(target)
+    if (has_amx_int8(target) and isa.a_dtype == "uint8" and _operands_match(sch, mm_block, isa)
+            and schedule_amx_matmul(sch, mm_block, other_blocks, target, "i8")):
+        return True
+    return schedule_dot_matmul(sch, mm_block, other_blocks, isa)
 
 
 def schedule_dot_matmul(sch, mm_block, other_blocks, isa) -> bool:

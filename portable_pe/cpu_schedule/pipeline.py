@@ -64,7 +64,7 @@ def schedule_prim_func(func: tirx.PrimFunc, target) -> tirx.PrimFunc | None:
         for blk in prologue:
             _schedule_spatial_block(sch, blk, lanes)
         if is_integer_matmul(sch, mm_block) and schedule_int8_matmul(sch, mm_block, epilogue, target):
-            return sch.mod["main"]
+            return open_amx_scopes(sch.mod["main"])  # (AMX-INT8 marks its work items)
         if is_bf16_matmul(sch, mm_block) and schedule_bf16_matmul(sch, mm_block, epilogue, target):
             return open_amx_scopes(sch.mod["main"])
         if _schedule_matmul(sch, mm_block, epilogue, target):

@@ -100,23 +100,29 @@ class LocalRunner:
 
 
 def _require_bf16_instructions(bundle: Bundle) -> None:
-    """A --precision bf16 bundle's kernels use AMX or AVX512-BF16 instructions: on a CPU
-    without them the first one would stop the process (SIGILL), so say so first."""
-    kernel = bundle.manifest.get("bf16", {}).get("kernel")
-    if kernel is None:
-        return
+    """A bundle's AMX or AVX512-BF16 kernels (--precision bf16's, an int8 build's bf16
+    attention and AMX-INT8 matmuls, as its manifest's "bf16" and "int8" sections name
+    them): on a CPU without their instructions the first one would stop the process
+    (SIGILL), so say so first."""
     from ..cpu_schedule.bf16_isa import KERNEL_FEATURES
+    from ..cpu_schedule.int8_isa import AMX_INT8_FEATURES
     from ..host_cpu import LLVM_FEATURE_OF_FLAG, amx_permitted, llvm_features_here
-    needs = KERNEL_FEATURES.get(kernel, ())
-    missing = sorted(set(needs) - llvm_features_here())
-    if not missing and kernel == "amx-bf16" and not amx_permitted():
-        missing = ["permission to use AMX tiles (arch_prctl ARCH_REQ_XCOMP_PERM refused)"]
-    if missing:
-        flags = {v: k for k, v in LLVM_FEATURE_OF_FLAG.items()}
-        raise BundleError(f"bundle {bundle.path} runs its bf16 kernels on {kernel}, which needs "
-                          f"{', '.join(flags.get(f, f) for f in needs)}; this CPU has no "
-                          f"{', '.join(flags.get(f, f) for f in missing)} (/proc/cpuinfo). Compile it on this "
-                          f"machine (--precision bf16 picks what the CPU has) or use a float32 bundle")
+    features = {**KERNEL_FEATURES, "amx-int8": AMX_INT8_FEATURES}
+    for section in ("bf16", "int8"):
+        kernel = bundle.manifest.get(section, {}).get("kernel")
+        if kernel not in features:
+            continue
+        needs = features[kernel]
+        missing = sorted(set(needs) - llvm_features_here())
+        if not missing and kernel.startswith("amx") and not amx_permitted():
+            missing = ["permission to use AMX tiles (arch_prctl ARCH_REQ_XCOMP_PERM refused)"]
+        if missing:
+            flags = {v: k for k, v in LLVM_FEATURE_OF_FLAG.items()}
+            raise BundleError(f"bundle {bundle.path} runs its {section} kernels on {kernel}, which needs "
+                              f"{', '.join(flags.get(f, f) for f in needs)}; this CPU has no "
+                              f"{', '.join(flags.get(f, f) for f in missing)} (/proc/cpuinfo). Compile it on this "
+                              f"machine (--precision {bundle.manifest.get('precision', section)} picks what the CPU "
+                              f"has) or use a float32 bundle")
 
 
 def entry_for(manifest: dict, inputs: dict[str, np.ndarray]) -> str:
