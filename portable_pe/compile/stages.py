@@ -258,7 +258,7 @@ def stage_build(st: CompileState) -> Added:
     backend = get_backend(st.target.backend)
     pipeline = backend.relax_pipeline(st.tvm_target, precision=st.request.precision)
     report = (_bf16_report(st) if st.request.precision == "bf16" else
-              _int8_attention_report(st) if st.request.precision == "int8" else {})
+              _int8_kernels_report(st) if st.request.precision == "int8" else {})
     if not st.tuning.get("specializations"):
         executable = backend.build(st.relax, st.tvm_target, pipeline)
         return Added(executable=executable, report={**report, **_pipeline_report(pipeline)})
@@ -293,7 +293,7 @@ def _bf16_report(st: CompileState) -> dict:
     return {"bf16": plan}
 
 
-def _int8_attention_report(st: CompileState) -> dict:
+def _int8_kernels_report(st: CompileState) -> dict:
     """An int8 llvm build's AMX kernels, for the run-time check of the CPU's instructions:
     the "int8" section names AMX-INT8 where its matmuls run on the tiles, the "bf16" one
     its attention where that runs on AMX-BF16 (bf16_plan)."""
