@@ -353,3 +353,25 @@ def test_translation_invariance_holds_on_the_compiled_artifact_for_relative_enco
     for shift, got in at.items():
         same = np.allclose(got, first, rtol=1e-4, atol=1e-4 * np.abs(first).max())
         assert same == (relative or shift == (0,) * axes), f"shift {shift}: max diff {np.abs(got - first).max():.3g}"
+
+
+def test_an_int8_vision_build_calibrates_at_image_sizes_and_matches_pytorch(bundle_factory):
+    """--precision int8 on llvm: the calibration feeds are images of several sizes (a
+    vision graph has no sequence length to spread them over; it failed with a division
+    by zero), and the build passes the int8 row against PyTorch at three sizes, its cosine
+    no worse than onnxruntime's int8 of the same QDQ graph by more than 1e-6."""
+    from portable_pe.quant.calibration import CALIBRATION_GRIDS
+    from portable_pe.run.parity import check_bundle
+    bundle = bundle_factory(str(DATA / "tiny_vit_rope_2d.toml"), precision="int8")
+    q = bundle.manifest["quantization"]
+    assert q["matmuls_int8"] > 0 and "calibration_lengths" not in q
+    assert len(q["calibration_sizes"]) == len(q["calibration_shapes"]) >= 3, q
+    heights = [shape["pixel_values"][2] for shape in q["calibration_shapes"]]
+    assert heights == sorted(heights) and heights[0] == CALIBRATION_GRIDS[0][0] * 8, heights  # patch 8
+    sizes = [{"height": h, "width": w} for h, w in [(16, 40), (32, 32), (56, 24)]]
+    report = check_bundle(bundle, sizes=sizes)
+    assert report.ok, report.to_markdown()
+    rows = {(r.candidate, r.length): r for r in report.rows}
+    for (candidate, case), row in rows.items():
+        if candidate == "tvm":
+            assert row.cosine >= rows[("onnxruntime", case)].cosine - 1e-6, report.to_markdown()

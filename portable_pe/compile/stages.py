@@ -172,15 +172,20 @@ def stage_quantize(st: CompileState) -> Added | None:
     if any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in st.model.graph.node):
         st.log("  int8: the graph is quantized already (QDQ)")
         return None
-    from ..quant.calibration import calibration_feeds, calibration_lengths
+    from ..quant.calibration import calibration_feeds, calibration_lengths, calibration_sizes
     from ..quant.qdq import quantize_linears
-    lengths = calibration_lengths(st.io)
-    feeds = calibration_feeds(st.io, lengths=lengths)
+    sizes = calibration_sizes(st.io)  # a vision graph calibrates at image sizes, not lengths
+    lengths = [] if sizes else calibration_lengths(st.io)
+    feeds = calibration_feeds(st.io, lengths=lengths, sizes=sizes)
     model, report = quantize_linears(st.model, feeds)
-    report["calibration_lengths"] = lengths
+    if sizes:
+        report["calibration_sizes"] = [size_label(s) for s in sizes]
+    else:
+        report["calibration_lengths"] = lengths
     report["calibration_shapes"] = [{k: list(v.shape) for k, v in f.items()} for f in feeds]
     st.log(f"  int8: {report['matmuls_int8']} matmul(s) with constant weights quantized, "
-           f"{report['matmuls_float']} kept float32; calibrated at T={lengths}")
+           f"{report['matmuls_float']} kept float32; calibrated at "
+           + (', '.join(report['calibration_sizes']) if sizes else f"T={lengths}"))
     st.dump("03b-quantized.onnx", model.SerializeToString())
     return Added(model=model, report={"quantization": report})
 

@@ -15,6 +15,9 @@ from __future__ import annotations
 import numpy as np
 
 CALIBRATION_LENGTHS = (1, 7, 16, 32, 64, 128, 256, 512)
+# A vision graph's image sizes, in patches per axis: 1 to 576 patches, as the lengths
+# above span 1 to 512 tokens (14 x 14: 224 x 224 pixels at patch 16)
+CALIBRATION_GRIDS = ((1, 1), (2, 3), (4, 4), (8, 8), (14, 14), (24, 24))
 TOKENS_PER_SAMPLE = 64
 FIRST_SEED = 1
 
@@ -29,12 +32,33 @@ def calibration_lengths(io: dict) -> list[int]:
     return lengths
 
 
-def calibration_feeds(io: dict, *, lengths: list[int]) -> list[dict[str, np.ndarray]]:
-    """One seeded input set per length (batch 1), seeds FIRST_SEED, FIRST_SEED + 1, ..."""
+def calibration_sizes(io: dict) -> list[dict[str, int]]:
+    """A vision graph's calibration image sizes ({role: pixels}): CALIBRATION_GRIDS within
+    its bounds; [] for a graph without image dims."""
+    from ..run.parity import default_sizes, pixel_roles
+    return default_sizes(io, CALIBRATION_GRIDS) if pixel_roles(io) else []
+
+
+def calibration_feeds(io: dict, *, lengths: list[int], sizes: list[dict[str, int]] = ()) -> list[dict[str, np.ndarray]]:
+    """One seeded input set per length, or per image size where `sizes` are given (a
+    vision graph), seeds FIRST_SEED, FIRST_SEED + 1, ..."""
     from ..run.parity import dim_roles, make_inputs
+    if sizes:
+        return [make_inputs(io["inputs"], sizes=size, batch=_batch(io, _patches(io, size)), seed=FIRST_SEED + i,
+                            dim_roles=dim_roles(io))
+                for i, size in enumerate(sizes)]
     return [make_inputs(io["inputs"], length=n, batch=_batch(io, n), seed=FIRST_SEED + i, dim_roles=dim_roles(io),
                         relations=io.get("dim_relations"))
             for i, n in enumerate(lengths)]
+
+
+def _patches(io: dict, size: dict[str, int]) -> int:
+    """The patches (tokens, less any class token) of an image or clip of `size`."""
+    dims = {info["role"]: info for info in io["dims"].values()}
+    count = 1
+    for role, pixels in size.items():
+        count *= max(1, pixels // dims[role].get("multiple", 1))
+    return count
 
 
 def _batch(io: dict, length: int) -> int:

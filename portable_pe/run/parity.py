@@ -197,11 +197,12 @@ def parse_sizes(text: str, roles: list[str]) -> dict[str, int]:
     return dict(zip(roles, map(int, values)))
 
 
-def default_sizes(manifest: dict) -> list[dict[str, int]]:
-    """DEFAULT_GRIDS in pixels for a vision bundle, within its bounds."""
+def default_sizes(manifest: dict, grids=DEFAULT_GRIDS) -> list[dict[str, int]]:
+    """`grids` (patches per axis; DEFAULT_GRIDS) in pixels for a vision bundle, within its
+    bounds (a video's frames: 2 units of its frame multiple)."""
     roles, dims = pixel_roles(manifest), {info["role"]: info for info in manifest["dims"].values()}
     out = []
-    for grid in DEFAULT_GRIDS:
+    for grid in grids:
         counts = ([2] if len(roles) == 3 else []) + list(grid)
         sizes = {role: n * dims[role].get("multiple", 1) for role, n in zip(roles, counts)}
         if all(dims[r]["min"] <= s <= dims[r]["max"] for r, s in sizes.items()):
