@@ -50,8 +50,8 @@ def host_features(cpu: str) -> list[str]:
 
 def for_precision(target: tvm.target.Target, spec, precision: str) -> tvm.target.Target:
     """bf16 needs AMX-BF16 or AVX512-BF16: the host's, when the target is the host CPU.
-    int8 gets the host's too, unrequired: its attention runs on AMX where it has it
-    (bf16_plan.BF16_ATTENTION_PRECISIONS)."""
+    int8 gets the host's too, unrequired: its matmuls run on AMX-INT8 and its attention on
+    AMX-BF16 where the host has them (int8_isa.has_amx_int8, bf16_plan.BF16_ATTENTION_PRECISIONS)."""
     if precision not in ("bf16", "int8"):
         return target
     from ..cpu_schedule.bf16_isa import bf16_kernel, needed_features

@@ -307,10 +307,10 @@ def _int8_kernels_report(st: CompileState) -> dict:
     from ..cpu_schedule.int8_isa import has_amx_int8, int8_isa
     if st.tvm_target.kind.name != "llvm":
         return {}
-    amx_int8 = has_amx_int8(st.tvm_target) and int8_isa(st.tvm_target).a_dtype == "uint8"
-    report = {"int8": {"kernel": "amx-int8" if amx_int8 else int8_isa(st.tvm_target).name}}
-    st.log(f"  int8 matmuls: {report['int8']['kernel']}" + (" where K % 64 == 0 and N % 32 == 0, else "
-                                                          f"{int8_isa(st.tvm_target).name}" if amx_int8 else ""))
+    dot = int8_isa(st.tvm_target).name
+    amx_int8 = has_amx_int8(st.tvm_target)
+    report = {"int8": {"kernel": "amx-int8" if amx_int8 else dot}}
+    st.log("  int8 matmuls: " + (f"amx-int8 where K % 64 == 0 and N % 32 == 0, else {dot}" if amx_int8 else dot))
     if bf16_kernel(st.tvm_target) == "amx-bf16":
         plan = attention_plan(st.relax, st.tvm_target)
         if plan["attentions_bf16"]:

@@ -18,7 +18,7 @@ once per row block after them.
 
 from __future__ import annotations
 
-from .amx_tiles import AMX_INT8_IR, AMX_IR, AMX_KINDS, AMX_SCOPE, AMX_TILE, amx_intrin
+from .amx_tiles import AMX_INT8_IR, AMX_IR, AMX_SCOPE, AMX_TILE, amx_element_bytes, amx_intrin
 from .matmul import _pack_constant_weight, _pad_to_tiles
 from .loops import _parallel_outer, _vectorize_inner
 from .spatial import _schedule_spatial_block
@@ -30,12 +30,7 @@ _MAX_CHUNK_BYTES = 512
 
 def amx_step(kind: str) -> int:
     """Reduction elements per tile step (64 bytes): 32 bf16, 64 int8."""
-    return 64 // _element_bytes(kind)
-
-
-def _element_bytes(kind: str) -> int:
-    operands = AMX_KINDS[kind][0]
-    return {"uint16": 2, "uint8": 1}[operands[0] if isinstance(operands, tuple) else operands]
+    return 64 // amx_element_bytes(kind)
 
 
 def fits_amx(k: int, n: int, kind: str = "bf16") -> bool:
@@ -51,7 +46,7 @@ def _column_group(column_blocks: int) -> int:
 def _k_chunk(k: int, kind: str) -> int:
     """The reduction chunk: K itself up to _MAX_CHUNK_BYTES a row, else its largest divisor
     that is a whole number of tile steps and at most that."""
-    most, step = _MAX_CHUNK_BYTES // _element_bytes(kind), amx_step(kind)
+    most, step = _MAX_CHUNK_BYTES // amx_element_bytes(kind), amx_step(kind)
     return k if k <= most else next(c for c in range(most, 0, -step) if k % c == 0)
 
 
@@ -86,7 +81,7 @@ def schedule_amx_matmul(sch, mm_block, other_blocks, target, kind: str) -> bool:
                                            pads_out=row_pads)
     *batch, li, lj, lk = sch.get_loops(mm_block)
     j_var = sch.get(mm_block).iter_vars[len(batch) + 1].var
-    if not _pack_constant_weight(sch, mm_block, j_var, 16, kg=AMX_KINDS[kind][2]):
+    if not _pack_constant_weight(sch, mm_block, j_var, 16, kg=4 // amx_element_bytes(kind)):
         raise ValueError(f"{kind} matmul without a constant weight to pack (bf16_linear and quant_matmul emit only those)")
     group = _column_group(ext_j // AMX_TILE)
     chunk = _k_chunk(ext_k, kind)

@@ -1,12 +1,14 @@
-"""AMX-BF16's tile micro-kernel (``--precision bf16`` on Sapphire Rapids and later Xeons):
-its LLVM IR, the tile scopes it runs in, and the tensor intrinsic the dense schedule
-(bf16_matmul) tensorizes with; the fused attention (bf16_attention) calls it directly.
+"""AMX's tile micro-kernel (Sapphire Rapids and later Xeons: AMX-BF16 for ``--precision
+bf16``, AMX-INT8 for int8's matmuls): its LLVM IR, the tile scopes it runs in, and the
+tensor intrinsic the dense schedule (amx_matmul) tensorizes with; the fused bf16
+attention (bf16_attention) calls it directly.
 
 AMX holds C in tile registers (8 tiles of 16 rows x 64 bytes): the micro-kernel keeps a
-32 x 32 float32 block in four of them, loads two 16 x 32 activation tiles and two weight
-tiles per 32 reduction elements, and stores the block for the epilogue. Its weights are
-packed [N/16, K/2, 16, 2] (the pairs vdpbf16ps takes per lane, too), so one weight tile
-is 16 consecutive rows of 64 bytes. Linux hands AMX's tile data state to a process only
+32 x 32 block of 4-byte lanes (float32, int32) in four of them, loads two activation
+tiles and two weight tiles per 64 bytes of reduction (32 bf16, 64 int8), and stores the
+block for the epilogue. Its weights are packed [N/16, K/G, 16, G] (G = 2 bf16 pairs, the
+ones vdpbf16ps takes per lane too; G = 4 int8 quads, vpdpbusd's), so one weight tile is
+16 consecutive rows of 64 bytes. Linux hands AMX's tile data state to a process only
 after it asks (arch_prctl ARCH_REQ_XCOMP_PERM). The tiles are used inside a scope, one
 per parallel work item: ``portable_pe_amx_begin`` asks (once per process) and loads the
 tile configuration, ``portable_pe_amx_end`` releases the tiles (tilerelease), so a thread
@@ -189,8 +191,14 @@ def open_amx_scopes(func):
     return func.with_body(structural_mutate(func.body, [(tirx.For, scope)]))
 
 
-#: per tile kind: (A's and B's element type, C's, reduction elements per 4-byte lane of B)
-AMX_KINDS = {"bf16": ("uint16", "float32", 2), "i8": (("uint8", "int8"), "int32", 4)}
+#: per tile kind: A's, B's and C's element types (bf16 as its uint16 bit patterns)
+AMX_KINDS = {"bf16": ("uint16", "uint16", "float32"), "i8": ("uint8", "int8", "int32")}
+
+
+def amx_element_bytes(kind: str) -> int:
+    """Bytes of one A or B element: a 64-byte tile row holds 64 // this reduction elements
+    (32 bf16, 64 int8), and one 4-byte lane of B holds 4 // this (bf16 pairs, int8 quads)."""
+    return {"uint16": 2, "uint8": 1}[AMX_KINDS[kind][0]]
 
 
 def amx_intrin(k: int, *, accumulate: bool = False, kind: str = "bf16") -> str:
@@ -204,10 +212,9 @@ def amx_intrin(k: int, *, accumulate: bool = False, kind: str = "bf16") -> str:
     name = f"portable_pe_amx_{kind}_32x32x{k}{'_acc' if accumulate else ''}"
     if TensorIntrin.get(name, allow_missing=True) is not None:
         return name
-    operands, c_dtype, g = AMX_KINDS[kind]
-    a_dtype, b_dtype = operands if isinstance(operands, tuple) else (operands, operands)
-    size = {"uint16": 2, "uint8": 1, "int8": 1}[a_dtype]  # bytes per element: strides in bytes
-    steps = k * size // 64
+    a_dtype, b_dtype, c_dtype = AMX_KINDS[kind]
+    size = amx_element_bytes(kind)  # the extern takes strides in bytes
+    g, steps = 4 // size, k * size // 64
 
     def product(a, b):
         if kind == "bf16":

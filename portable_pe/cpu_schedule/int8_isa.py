@@ -69,9 +69,10 @@ AMX_INT8_FEATURES = ("amx-tile", "amx-int8")
 
 
 def has_amx_int8(target) -> bool:
-    """Whether `target` has AMX-INT8 (tdpbusd on tiles: Sapphire Rapids and later Xeons),
-    which int8_matmul uses before the dot product below where the shape fits."""
-    return set(AMX_INT8_FEATURES) <= _features(target)
+    """Whether `target` has AMX-INT8 (tdpbusd on tiles: Sapphire Rapids and later Xeons)
+    with VNNI's uint8 x int8 operands, which tdpbusd takes: int8_matmul then uses the tiles
+    before the dot product below where the shape fits."""
+    return set(AMX_INT8_FEATURES) <= _features(target) and int8_isa(target).a_dtype == "uint8"
 
 
 def int8_isa(target) -> DotIsa:

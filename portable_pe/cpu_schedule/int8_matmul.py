@@ -49,7 +49,7 @@ def schedule_int8_matmul(sch, mm_block, other_blocks, target) -> bool:
     AMX-INT8, the tile schedule (amx_matmul: tdpbusd takes VNNI's uint8 x int8 operands)
     where K is a multiple of 64 and N of 32; else the dot product's register tiles."""
     isa = int8_isa(target)
-    if (has_amx_int8(target) and isa.a_dtype == "uint8" and _operands_match(sch, mm_block, isa)
+    if (has_amx_int8(target) and _operands_match(sch, mm_block, isa)
             and schedule_amx_matmul(sch, mm_block, other_blocks, target, "i8")):
         return True
     return schedule_dot_matmul(sch, mm_block, other_blocks, isa)

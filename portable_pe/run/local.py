@@ -84,7 +84,7 @@ class LocalRunner:
             raise BundleError(f"bundle {bundle.path} was built for {host} ({bundle.target} target); "
                               f"this machine is {platform.machine()}. Run it on the board: "
                               f"`portable-pe deploy {bundle.path} --rpc HOST:PORT`")
-        _require_bf16_instructions(bundle)
+        _require_cpu_instructions(bundle)
         self.device = tvm.device(device_kind, 0)
         if not self.device.exist:
             raise BundleError(f"bundle {bundle.path} needs a {device_kind} device, none is present here")
@@ -99,7 +99,7 @@ class LocalRunner:
         return _outputs(self.vm[entry_for(self.manifest, inputs)](*args), [o["name"] for o in self.manifest["outputs"]])
 
 
-def _require_bf16_instructions(bundle: Bundle) -> None:
+def _require_cpu_instructions(bundle: Bundle) -> None:
     """A bundle's AMX or AVX512-BF16 kernels (--precision bf16's, an int8 build's bf16
     attention and AMX-INT8 matmuls, as its manifest's "bf16" and "int8" sections name
     them): on a CPU without their instructions the first one would stop the process
