@@ -11,7 +11,9 @@ vectorized, register-tiled CPU schedule without any tuning:
   register-blocked micro-kernel: ``i`` tiled by ``MI`` rows (unrolled), ``j``
   tiled by ``NJ`` lanes (vectorized), the reduction innermost over the tile,
   epilogue (bias, scale, GELU, residual ...) computed per tile; a constant weight
-  is stored as contiguous ``[N/NJ, K, NJ]`` panels, packed once at compile time;
+  is stored as contiguous ``[N/NJ, K, NJ]`` panels, packed once at compile time; on
+  AVX-512, a float32 dense over such a weight calls a 12 x 32 micro-kernel written in
+  LLVM IR instead (``f32_tiles``, ``f32_dense``);
 * attention (``softmax(Q·Kᵀ·c [+ bias])·V``) is replaced, before legalization, by one
   kernel that keeps each block of score rows in cache;
 * row reductions (softmax, layer-norm, RMS-norm, mean ...) get one parallel
@@ -46,6 +48,8 @@ Modules
 ``concat_lanes``  a concat along the vector dim, vectorized in parts (no per-lane select)
 ``transpose_tiles``  a transposed copy along a dynamic dim, computed in tiles
 ``matmul``     matmul matching and the register-blocked micro-kernel schedule
+``f32_tiles``  the float32 AVX-512 micro-kernel (12 x 32, LLVM IR) and its tensor intrinsic
+``f32_dense``  the float32 dense schedule around it: (row tile, core group) work items
 ``reduction``  the row-reduction-chain rule (softmax / norms)
 ``fast_math``  ``CPUFastMath``: vectorizable gelu/softmax/exp/erf/tanh
 ``attention`` ``FuseAttention``: softmax(Q·Kᵀ·c [+ bias])·V as one hand-scheduled kernel

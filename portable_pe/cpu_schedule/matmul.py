@@ -164,20 +164,15 @@ def _row_chunk_tiles(mi: int, ext_i, ext_k) -> int:
 _LAYOUT_REWRITE_PREPROC = "meta_schedule.layout_rewrite_preproc"
 
 
-def _pack_constant_weight(sch, mm_block, j_var, nj: int, *, kg: int = 1) -> bool:
-    """Store a constant [K, N] weight as [N/NJ, K, NJ] panels ([N/NJ, K/KG, NJ, KG] with
-    ``kg`` > 1: the groups of KG reduction elements an integer dot product instruction
-    takes per lane, see int8_isa).
-
-    The micro-kernel reads NJ consecutive columns of B for every k. In the [K, N]
-    layout those rows lie N*4 bytes apart, 4 KiB for N = 1024: every k lands in the
-    same few L1 sets, so the panel keeps falling out of L1. Packed, a panel is one
-    contiguous stream. Only weights the Relax function passes as constants
-    (``layout_free_buffers``, set by weight_packing.MarkConstantWeights) are packed."""
+def _packable_weight(sch, mm_block, j_var, nj: int, *, kg: int = 1):
+    """The read index of the matmul's constant [K, N] weight when _pack_constant_weight can
+    pack it into NJ-column panels (N % NJ == 0, K % KG == 0, read with j as its last index),
+    else None. Only weights the Relax function passes as constants (``layout_free_buffers``,
+    set by weight_packing.MarkConstantWeights) are packed."""
     func = sch.mod["main"]
     free = func.attrs.get("layout_free_buffers") if func.attrs is not None else None
     if not free:
-        return False
+        return None
     # TVM 0.27: a PrimFunc's params are its buffers (no buffer_map)
     free_buffers = [func.params[int(i)] for i in free]
     stmt = sch.get(mm_block)
@@ -189,21 +184,36 @@ def _pack_constant_weight(sch, mm_block, j_var, nj: int, *, kg: int = 1) -> bool
         if k_ext is None or n_ext is None or n_ext % nj or k_ext % kg:
             continue
         loads = list(_loads_of(stmt.body.value, buffer))
-        if not loads or not all(_node(x.indices[-1]) == "Var" and x.indices[-1].same_as(j_var) for x in loads):
-            continue
-        try:
-            packed = sch.cache_read(mm_block, index, "global")
-            if kg > 1:
-                sch.transform_layout(mm_block, ("read", index), lambda k, n: (n // nj, k // kg, n % nj, k % kg))
-            else:
-                sch.transform_layout(mm_block, ("read", index), lambda k, n: (n // nj, k, n % nj))
-            sch.annotate(packed, _LAYOUT_REWRITE_PREPROC, True)
-        except Exception as err:  # pylint: disable=broad-except
-            # each primitive either applies or leaves the schedule as it was
-            logger.debug("cpu_schedule: weight %s left unpacked: %s", buffer.name, err)
-            return False
-        return True
-    return False
+        if loads and all(_node(x.indices[-1]) == "Var" and x.indices[-1].same_as(j_var) for x in loads):
+            return index
+    return None
+
+
+def _pack_constant_weight(sch, mm_block, j_var, nj: int, *, kg: int = 1) -> bool:
+    """Store a constant [K, N] weight as [N/NJ, K, NJ] panels ([N/NJ, K/KG, NJ, KG] with
+    ``kg`` > 1: the groups of KG reduction elements an integer dot product instruction
+    takes per lane, see int8_isa).
+
+    The micro-kernel reads NJ consecutive columns of B for every k. In the [K, N]
+    layout those rows lie N*4 bytes apart, 4 KiB for N = 1024: every k lands in the
+    same few L1 sets, so the panel keeps falling out of L1. Packed, a panel is one
+    contiguous stream. Which weights qualify: _packable_weight."""
+    index = _packable_weight(sch, mm_block, j_var, nj, kg=kg)
+    if index is None:
+        return False
+    name = _region_buffer(sch.get(mm_block).reads[index]).name
+    try:
+        packed = sch.cache_read(mm_block, index, "global")
+        if kg > 1:
+            sch.transform_layout(mm_block, ("read", index), lambda k, n: (n // nj, k // kg, n % nj, k % kg))
+        else:
+            sch.transform_layout(mm_block, ("read", index), lambda k, n: (n // nj, k, n % nj))
+        sch.annotate(packed, _LAYOUT_REWRITE_PREPROC, True)
+    except Exception as err:  # pylint: disable=broad-except
+        # each primitive either applies or leaves the schedule as it was
+        logger.debug("cpu_schedule: weight %s left unpacked: %s", name, err)
+        return False
+    return True
 
 
 def _loads_of(expr, buffer):

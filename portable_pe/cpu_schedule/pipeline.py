@@ -18,6 +18,8 @@ from .bf16_plan import BF16_ATTENTION_PRECISIONS
 from .amx_tiles import open_amx_scopes
 from .bf16_matmul import is_bf16_matmul, schedule_bf16_matmul
 from .dim_vars import WithNamedDims
+from .f32_dense import schedule_f32_dense
+from .f32_tiles import F32_KERNEL
 from .fast_math import CPUFastMath
 from .head_reshapes import FusableHeadReshapes
 from .int8_matmul import is_integer_matmul, schedule_int8_matmul
@@ -29,7 +31,7 @@ from .reshape_views import LEGALIZE_MAP as RESHAPE_VIEWS
 from .small_work import SerialWhenSmall
 from .weight_packing import FoldWeightPacking, MarkConstantWeights, SplitWeightPacking
 from .spatial import _schedule_spatial_block, _try_inline_spatial
-from .tir_util import _is_spatial, _loops_are_plain, _root_block, _vector_lanes
+from .tir_util import _is_spatial, _loops_are_plain, _root_block, _vector_lanes, without_extern_zero_fills
 
 logger = logging.getLogger(__package__)  # the pre-split module's logger name
 
@@ -67,6 +69,8 @@ def schedule_prim_func(func: tirx.PrimFunc, target) -> tirx.PrimFunc | None:
             return open_amx_scopes(sch.mod["main"])  # (AMX-INT8 marks its work items)
         if is_bf16_matmul(sch, mm_block) and schedule_bf16_matmul(sch, mm_block, epilogue, target):
             return open_amx_scopes(sch.mod["main"])
+        if schedule_f32_dense(sch, mm_block, epilogue, target):
+            return without_extern_zero_fills(sch.mod["main"], (F32_KERNEL,))
         if _schedule_matmul(sch, mm_block, epilogue, target):
             return sch.mod["main"]
         return None

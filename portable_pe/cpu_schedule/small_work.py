@@ -25,6 +25,10 @@ from .tir_util import _blocks_under, _node, _region_buffer
 # about 15-40 us of one core's work for elementwise code, the cost of one wake-up.
 SERIAL_BELOW_ITERATIONS = 1 << 17
 
+#: block annotation: the block's work in innermost iterations, where its body does not show
+#: it (a micro-kernel call, f32_dense: rows x columns x K multiply-adds)
+WORK_ITERATIONS = "portable_pe.work_iterations"
+
 
 def _iterations(stmt, outer_vars: set) -> tvm.tirx.PrimExpr | int:
     """Total innermost iterations of a loop nest (an upper bound where extents vary)."""
@@ -41,6 +45,8 @@ def _iterations(stmt, outer_vars: set) -> tvm.tirx.PrimExpr | int:
         return total
     if kind == "SBlockRealize":
         block = stmt.block
+        if WORK_ITERATIONS in block.annotations:
+            return int(block.annotations[WORK_ITERATIONS])
         inner = _iterations(block.body, outer_vars | {iv.var for iv in block.iter_vars})
         return inner + (_iterations(block.init, outer_vars) if block.init is not None else 0)
     if kind == "IfThenElse":

@@ -1,0 +1,96 @@
+"""The float32 dense schedule on AVX-512 (micro-kernel: f32_tiles), for a matmul over a
+constant weight with N a multiple of 32 and a static K:
+
+    for (batch, io, g) in parallel:   # row tiles of 12 x column groups (one per core);
+      A12 = rows io of A, padded      #   a 12 x K copy in L1, row stride 16 floats off 64
+      for jo in group g's panels:
+        C = A12 x W[:, jo]            # one micro-kernel call over the whole K
+        epilogue on C                 # bias, activation, residual, while C is in L1
+
+The items (row tile, group) run in that order, row-major, for weights up to 1.5 MiB: the
+threads take contiguous ranges of items, so each core computes whole rows, the rows the
+next kernel reads, and reads the rows the previous kernel wrote on it. Groups outermost
+(each core all rows of its columns, as matmul's schedule runs) left every kernel reading
+half its input from the other core: the learned graph (1 MiB FFN weights) at B = 8
+T = 128 ran 8% slower that way, 3.5% at T = 512 (2 threads, one process, alternating
+blocks). A core then reads every panel for each row tile, so a weight must stay in its
+L2 with the rest: over 1.5 MiB (DINOv3-S's FFN, 2.25 MiB) groups go outermost, each core
+keeping only its half (DINOv3-S at 224 x 224, B = 1: 34.2 ms, against 35.0 row-major
+throughout and 34.5 groups-outermost throughout). The groups sit inside the row tile,
+not one item per row tile, so a small M (11 tiles at T = 128) still splits evenly.
+
+Why the padded copy per item: the micro-kernel reads 12 rows of A at once; K floats apart
+(4 KiB for K = 1024) they would all fall in one L1 set.
+"""
+
+from __future__ import annotations
+
+from .f32_tiles import F32_PANEL, F32_TILE_COLUMNS, F32_TILE_ROWS, f32_intrin, f32_ir
+from .loops import _parallel_outer, _vectorize_inner
+from .matmul import _pack_constant_weight, _packable_weight, _pad_to_tiles
+from .small_work import WORK_ITERATIONS
+from .tir_util import _loop_extent, _num_cores, _vector_lanes
+
+#: the row stride of A's padded copy, in floats, is _ROW_PADDING more than a multiple of
+#: _ROW_ALIGN: consecutive rows start one cache line apart in L1's sets (module docstring)
+_ROW_ALIGN = 64
+#: the largest weight (bytes) whose dense runs row tiles outermost (module docstring); a
+#: bigger one runs column groups outermost, each core then holding only its group's panels
+#: in L2 (2 MiB a core here) instead of every panel
+_ROW_MAJOR_MAX_WEIGHT_BYTES = 3 << 19
+_ROW_PADDING = 16
+
+
+def fits_f32_tiles(sch, mm_block, target) -> bool:
+    """AVX-512, a static K (at least 1: the kernel's loop runs once before testing), N a
+    multiple of 32, and a constant weight that packs."""
+    if _vector_lanes(target) != 16:
+        return False
+    loops = sch.get_loops(mm_block)
+    iter_vars = sch.get(mm_block).iter_vars
+    if len(loops) != len(iter_vars):
+        return False
+    ext_j, ext_k = _loop_extent(sch, loops[-2]), _loop_extent(sch, loops[-1])
+    if ext_j is None or ext_k is None or ext_k < 1 or ext_j % F32_TILE_COLUMNS:
+        return False
+    return _packable_weight(sch, mm_block, iter_vars[-2].var, F32_PANEL) is not None
+
+
+def schedule_f32_dense(sch, mm_block, other_blocks, target) -> bool:
+    """The schedule above; False (schedule untouched) where fits_f32_tiles does not hold."""
+    if not fits_f32_tiles(sch, mm_block, target):
+        return False
+    lanes = _vector_lanes(target)
+    *batch, li, lj, lk = sch.get_loops(mm_block)
+    ext_i, ext_j, ext_k = (_loop_extent(sch, x) for x in (li, lj, lk))
+    pad_i = F32_TILE_ROWS if (ext_i is None or ext_i % F32_TILE_ROWS) else 1
+    row_pads = []
+    mm_block, other_blocks = _pad_to_tiles(sch, mm_block, other_blocks, [1] * len(batch) + [pad_i, 1, 1], lanes,
+                                           pads_out=row_pads)
+    *batch, li, lj, lk = sch.get_loops(mm_block)
+    if not _pack_constant_weight(sch, mm_block, sch.get(mm_block).iter_vars[len(batch) + 1].var, F32_PANEL):
+        raise ValueError("f32_dense: the weight that fits_f32_tiles found did not pack")
+    groups = min(ext_j // F32_TILE_COLUMNS, _num_cores(target))
+    io, ii = sch.split(li, [None, F32_TILE_ROWS])
+    jg, jo, ji = sch.split(lj, [groups, None, F32_TILE_COLUMNS])
+    row_major = 4 * ext_k * ext_j <= _ROW_MAJOR_MAX_WEIGHT_BYTES
+    if row_major:
+        sch.reorder(*batch, io, jg, jo, ii, ji, lk)
+    else:
+        sch.reorder(jg, *batch, io, jo, ii, ji, lk)
+    for blk in other_blocks:
+        sch.reverse_compute_at(blk, jo, preserve_unit_loops=True)
+        inner = sch.get_loops(blk)[len(batch) + 3:]
+        if inner:
+            _vectorize_inner(sch, inner[-1], lanes)
+    items = _parallel_outer(sch, [*batch, io, jg] if row_major else [jg, *batch, io])
+    for pad in row_pads:
+        sch.compute_at(pad, items, preserve_unit_loops=True)
+        _vectorize_inner(sch, sch.get_loops(pad)[-1], lanes)
+        sch.storage_align(pad, 0, axis=0, factor=_ROW_ALIGN, offset=_ROW_PADDING)
+    name = sch.get(mm_block).name_hint
+    sch.tensorize(ii, f32_intrin(ext_k))
+    # the call's multiply-adds, for SerialWhenSmall (it would count the call as one iteration)
+    sch.annotate(sch.get_sblock(f"{name}_o"), WORK_ITERATIONS, F32_TILE_ROWS * F32_TILE_COLUMNS * ext_k)
+    sch.annotate(items, "pragma_import_llvm", f32_ir())
+    return True
