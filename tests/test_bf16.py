@@ -196,6 +196,31 @@ def test_amx_dense_configures_the_tiles_once_per_work_item():
     assert "(T.int64(32), T.int64(32))" in kernels[0]
 
 
+@pytest.mark.parametrize("k, n, rows_first", [(256, 512, True), (1024, 1024, False)])
+def test_amx_dense_items_are_row_major_unless_the_weight_would_crowd_l2(k, n, rows_first):
+    """A 256 KiB bf16 weight: (row block, column group) items, row blocks outermost, so a
+    core computes whole rows; a 2 MiB one: column groups outermost, each core keeping its
+    groups' panels in L2. TVM names a fused loop after its loops in order (i0: rows)."""
+    import tvm
+    from tvm import relax, tirx
+    from portable_pe.cpu_schedule import cpu_pipeline
+    x = relax.Var("x", relax.TensorType((tvm.tirx.Var("T", "int64"), k), "float32"))
+    w = np.random.default_rng(4).standard_normal((k, n)).astype(np.float32)
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.matmul(x, relax.const(w)))
+        bb.emit_func_output(out)
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "rocketlake", "mattr": KERNELS["amx-bf16"][0], "num-cores": 2})
+    with target:
+        scheduled = cpu_pipeline(target, precision="bf16")(bb.get())
+    (kernel,) = [f for f in scheduled.functions.values() if "portable_pe_amx_bf16" in str(f)]
+    from portable_pe.cpu_schedule.tir_util import _node, _walk
+    (parallel,) = [s for s in _walk(kernel.body) if _node(s) == "For" and s.kind == tirx.ForKind.PARALLEL
+                   and "portable_pe_amx_bf16" in str(s)]  # (not the padded copy of A's rows)
+    assert parallel.loop_var.name.startswith("i0" if rows_first else "i1"), parallel.loop_var.name
+
+
 @_needs("amx-bf16")
 def test_activation_rounding_in_the_kernel_is_pytorchs():
     """W = identity: each output is one product with 1.0, so the kernel's output is its

@@ -7,9 +7,9 @@ constant weight with N a multiple of 32 and a static K:
         C = A12 x W[:, jo]            # one micro-kernel call over the whole K
         epilogue on C                 # bias, activation, residual, while C is in L1
 
-The items (row tile, group) run in that order, row-major, for weights up to 1.5 MiB: the
-threads take contiguous ranges of items, so each core computes whole rows, the rows the
-next kernel reads, and reads the rows the previous kernel wrote on it. Groups outermost
+The items (row tile, group) run in that order, row-major, for weights up to 1.5 MiB
+(loops.row_major_items: each core computes whole rows, the rows the next kernel reads,
+and reads the rows the previous kernel wrote on it). Groups outermost
 (each core all rows of its columns, as matmul's schedule runs) left every kernel reading
 half its input from the other core: the learned graph (1 MiB FFN weights) at B = 8
 T = 128 ran 8% slower that way, 3.5% at T = 512 (2 threads, one process, alternating
@@ -26,7 +26,7 @@ Why the padded copy per item: the micro-kernel reads 12 rows of A at once; K flo
 from __future__ import annotations
 
 from .f32_tiles import F32_PANEL, F32_TILE_COLUMNS, F32_TILE_ROWS, f32_intrin, f32_ir
-from .loops import _parallel_outer, _vectorize_inner
+from .loops import _parallel_outer, _vectorize_inner, row_major_items
 from .matmul import _pack_constant_weight, _packable_weight, _pad_to_tiles
 from .small_work import WORK_ITERATIONS
 from .tir_util import _loop_extent, _num_cores, _vector_lanes
@@ -34,10 +34,6 @@ from .tir_util import _loop_extent, _num_cores, _vector_lanes
 #: the row stride of A's padded copy, in floats, is _ROW_PADDING more than a multiple of
 #: _ROW_ALIGN: consecutive rows start one cache line apart in L1's sets (module docstring)
 _ROW_ALIGN = 64
-#: the largest weight (bytes) whose dense runs row tiles outermost (module docstring); a
-#: bigger one runs column groups outermost, each core then holding only its group's panels
-#: in L2 (2 MiB a core here) instead of every panel
-_ROW_MAJOR_MAX_WEIGHT_BYTES = 3 << 19
 _ROW_PADDING = 16
 
 
@@ -73,7 +69,7 @@ def schedule_f32_dense(sch, mm_block, other_blocks, target) -> bool:
     groups = min(ext_j // F32_TILE_COLUMNS, _num_cores(target))
     io, ii = sch.split(li, [None, F32_TILE_ROWS])
     jg, jo, ji = sch.split(lj, [groups, None, F32_TILE_COLUMNS])
-    row_major = 4 * ext_k * ext_j <= _ROW_MAJOR_MAX_WEIGHT_BYTES
+    row_major = row_major_items(ext_k, ext_j, 4)
     if row_major:
         sch.reorder(*batch, io, jg, jo, ii, ji, lk)
     else:

@@ -4,6 +4,21 @@ from __future__ import annotations
 
 from .tir_util import _expr_vars, _loads_of_value, _loop_extent
 
+#: A dense over a constant weight up to this size (bytes) runs its work items row-major
+#: (row tile outermost, the column groups inside it): the threads take contiguous ranges of
+#: items, so each core computes whole rows, the rows the next kernel reads, and reads the
+#: rows the previous kernel wrote on it. Each core then reads every weight panel per row
+#: tile, so the weight must stay in its L2 (2 MiB a core here) with the rest; a bigger one
+#: runs column groups outermost, each core holding only its group's panels. Measured in
+#: f32_dense (float32) and amx_matmul (bf16, int8), whose docstrings give the figures.
+ROW_MAJOR_MAX_WEIGHT_BYTES = 3 << 19
+
+
+def row_major_items(k: int, n: int, element_bytes: int) -> bool:
+    """Whether a dense's [K, N] constant weight is small enough for row-major work items
+    (ROW_MAJOR_MAX_WEIGHT_BYTES)."""
+    return k * n * element_bytes <= ROW_MAJOR_MAX_WEIGHT_BYTES
+
 
 def _vectorize_inner(sch, loop, lanes):
     """Split ``loop`` by ``lanes`` and vectorize the inner part, if worthwhile.
