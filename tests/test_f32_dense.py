@@ -82,8 +82,9 @@ def test_the_dense_is_row_tiles_by_core_groups_around_the_micro_kernel():
 
 
 @runs_here
-@pytest.mark.parametrize("k,n,epilogue", [(256, 128, "gelu"), (96, 64, "residual"), (1000, 32, "bias")])
+@pytest.mark.parametrize("k,n,epilogue", [(256, 128, "gelu"), (96, 64, "residual"), (1000, 32, "bias"), (64, 96, "bias")])
 def test_the_micro_kernel_dense_matches_numpy_at_ragged_row_counts(k, n, epilogue):
+    """(64, 96): three column tiles, which two cores cannot split in equal groups."""
     rng = np.random.default_rng(k)
     mod, w, b = _dense(k, n, epilogue, rng)
     from portable_pe.backends.llvm import tvm_target

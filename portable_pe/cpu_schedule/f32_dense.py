@@ -66,7 +66,10 @@ def schedule_f32_dense(sch, mm_block, other_blocks, target) -> bool:
     *batch, li, lj, lk = sch.get_loops(mm_block)
     if not _pack_constant_weight(sch, mm_block, sch.get(mm_block).iter_vars[len(batch) + 1].var, F32_PANEL):
         raise ValueError("f32_dense: the weight that fits_f32_tiles found did not pack")
-    groups = min(ext_j // F32_TILE_COLUMNS, _num_cores(target))
+    # a divisor of the column tiles: a partial group would put a predicate on the tile's
+    # block, and tensorize refuses predicated blocks
+    tiles = ext_j // F32_TILE_COLUMNS
+    groups = max(g for g in range(1, min(tiles, _num_cores(target)) + 1) if tiles % g == 0)
     io, ii = sch.split(li, [None, F32_TILE_ROWS])
     jg, jo, ji = sch.split(lj, [groups, None, F32_TILE_COLUMNS])
     row_major = row_major_items(ext_k, ext_j, 4)
