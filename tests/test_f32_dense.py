@@ -51,9 +51,7 @@ def _scheduled_kernel(mod):
     from portable_pe.cpu_schedule.pipeline import CPUDefaultSchedule, MarkConstantWeights, fusion_passes
     with AVX512:
         scheduled = tvm.transform.Sequential([*fusion_passes(), MarkConstantWeights, CPUDefaultSchedule(AVX512)])(mod)
-    (kernel,) = [f for gv, f in scheduled.functions_items()
-                 if isinstance(f, tirx.PrimFunc) and "matmul" in gv.name_hint and "prepack" not in gv.name_hint
-                 or isinstance(f, tirx.PrimFunc) and gv.name_hint.endswith("_prepacked")]
+    (kernel,) = [f for gv, f in scheduled.functions_items() if isinstance(f, tirx.PrimFunc) and "matmul" in gv.name_hint]
     return kernel
 
 

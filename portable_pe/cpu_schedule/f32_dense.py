@@ -72,17 +72,15 @@ def schedule_f32_dense(sch, mm_block, other_blocks, target) -> bool:
     groups = max(g for g in range(1, min(tiles, _num_cores(target)) + 1) if tiles % g == 0)
     io, ii = sch.split(li, [None, F32_TILE_ROWS])
     jg, jo, ji = sch.split(lj, [groups, None, F32_TILE_COLUMNS])
-    row_major = row_major_items(ext_k, ext_j, 4)
-    if row_major:
-        sch.reorder(*batch, io, jg, jo, ii, ji, lk)
-    else:
-        sch.reorder(jg, *batch, io, jo, ii, ji, lk)
+    # the work items' loops, outermost first (module docstring)
+    item_loops = [*batch, io, jg] if row_major_items(ext_k, ext_j, 4) else [jg, *batch, io]
+    sch.reorder(*item_loops, jo, ii, ji, lk)
     for blk in other_blocks:
         sch.reverse_compute_at(blk, jo, preserve_unit_loops=True)
         inner = sch.get_loops(blk)[len(batch) + 3:]
         if inner:
             _vectorize_inner(sch, inner[-1], lanes)
-    items = _parallel_outer(sch, [*batch, io, jg] if row_major else [jg, *batch, io])
+    items = _parallel_outer(sch, item_loops)
     for pad in row_pads:
         sch.compute_at(pad, items, preserve_unit_loops=True)
         _vectorize_inner(sch, sch.get_loops(pad)[-1], lanes)
