@@ -268,3 +268,42 @@ def test_cuda_parity_on_the_gpu(graph, tmp_path_factory):
     bundle = compile_graph(str(graph), target="cuda", out=out, log=lambda m: None)
     report = check_bundle(bundle)
     assert report.ok, report.to_markdown()
+
+
+def _matmul_over_tokens(tokens, *dims):
+    """A [tokens, 64] x [64, tokens] matmul as a PrimFunc, as a ViT's Q·Kᵀ; `dims`: the
+    variables `tokens` is made of, passed as scalars as the importer passes them."""
+    from tvm import te, tirx
+    dim = tirx.IntImm("int64", 64)  # int64 throughout, as the importer writes them
+    q = te.placeholder((tokens, dim), name="q")
+    kt = te.placeholder((dim, tokens), name="kt")
+    k = te.reduce_axis((tirx.IntImm("int64", 0), dim), name="k")
+    s = te.compute((tokens, tokens), lambda i, j: te.sum(q[i, k] * kt[k, j], axis=k), name="s")
+    return te.create_prim_func([q, kt, s, *dims])
+
+
+def test_a_schedule_whose_kernel_cannot_be_declared_in_cuda_falls_through():
+    """BEiT's token count is an expression (H // 16 * (W // 16) + 1) that dim_vars cannot
+    name; dlight's Matmul then sized its accumulator by it and CUDA codegen refused the
+    build ("Can only handle constant size stack allocation for now"). The lowered kernel is
+    checked, and such a schedule hands the kernel to the next rule; a token count that is
+    one variable schedules as before."""
+    import tvm
+    from tvm import tirx
+    from tvm.s_tir import dlight as dl
+    from portable_pe.backends.cuda import tvm_target
+    from portable_pe.backends.cuda_rules import _check_device_allocations, _has_compound_dims
+    target = tvm_target(CUDA, arch="sm_90")
+    h, w, n = (tirx.Var(name, "int64") for name in ("H", "W", "n"))
+    compound = _matmul_over_tokens(h // 16 * (w // 16) + 1, h, w)
+    named = _matmul_over_tokens(n, n)
+    assert _has_compound_dims(compound) and not _has_compound_dims(named)
+    with target:
+        scheduled = [dl.gpu.Matmul().apply(f, target, False) for f in (compound, named)]
+    with pytest.raises(ValueError, match="non-constant size.*local"):
+        _check_device_allocations(scheduled[0].mod["main"], target)
+    _check_device_allocations(scheduled[1].mod["main"], target)
+    # and the build itself refuses what the check refuses (the check is not stricter)
+    with target, pytest.raises(Exception, match="constant size stack allocation"):
+        tvm.tirx.build(tvm.IRModule({"main": scheduled[0].mod["main"].with_attr("global_symbol", "main")}),
+                       target=target)

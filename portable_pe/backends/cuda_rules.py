@@ -175,14 +175,57 @@ class GPUSchedule:
         return mod
 
     def _schedule(self, name, func, target):
+        check = _has_compound_dims(func)
         for rule in self.rules:
             try:
                 sch = rule.apply(func, target, False)
+                sch = sch[0] if isinstance(sch, list) else sch
+                if sch is not None and check and rule is not self.rules[-1]:
+                    _check_device_allocations(sch.mod["main"], target)
             except Exception as error:  # noqa: BLE001 - any rule failure: the next rule decides
                 if rule is self.rules[-1]:
                     raise
                 self.log.record(name, rule, error)
                 continue
             if sch is not None:
-                return sch[0] if isinstance(sch, list) else sch
+                return sch
         return None
+
+
+def _has_compound_dims(func) -> bool:
+    """Whether a buffer of `func` has a dim that is an expression of variables, not one
+    variable: a token count that dim_vars could not name (BEiT's H // 16 * (W // 16) + 1)."""
+    # (TVM 0.27: a PrimFunc's params are its buffers, scalar params are Vars)
+    return any(not isinstance(dim, (tirx.IntImm, tirx.Var))
+               for param in func.params if hasattr(param, "shape") for dim in param.shape)
+
+
+def _check_device_allocations(func, target) -> None:
+    """Raise where `func`, lowered as the build lowers it, allocates a kernel-side buffer
+    (local, shared) of a size that is not a constant, which CUDA's code generator refuses
+    ("Can only handle constant size stack allocation for now"). dlight's Matmul leaves
+    one over a compound token count: its padded accumulator is sized by the expression,
+    which no compaction turns into a constant. Checked on the lowered kernel, since good
+    schedules also have symbolic scratch buffers before compaction. About 0.1 s a kernel,
+    so only kernels with compound dims are checked."""
+    from tvm.target import Target
+    from tvm.tirx.build import split_host_device_mods
+    from tvm_ffi.structural import structural_walk
+    mod = tvm.IRModule({"kernel": func.with_attr("global_symbol", "kernel")})
+    host = target.host if target.host is not None else Target("llvm")
+    mod = tirx.transform.BindTarget(target.with_host(host))(mod)
+    lower, _, finalize_device = tirx.get_default_tir_pipeline(target)
+    with target:
+        _, device_mods = split_host_device_mods(lower(mod))
+    sized = []
+
+    def note(alloc):
+        if alloc.buffer.scope() not in ("global", "shared.dyn") and not all(
+                isinstance(dim, tirx.IntImm) for dim in alloc.buffer.shape):
+            sized.append(f"{alloc.buffer.name} ({alloc.buffer.scope()})")
+    for device_mod in device_mods.values():
+        for _, kernel in finalize_device()(device_mod).functions_items():
+            structural_walk(kernel.body, [(tirx.AllocBuffer, note)])
+    if sized:
+        raise ValueError(f"kernel-side buffers of non-constant size, which CUDA code cannot declare: "
+                         f"{', '.join(sized)}")
