@@ -177,3 +177,11 @@ def test_the_ethos_u_part_is_velas_build_per_size_and_prices_positions_against_n
     assert "tiny_video_mrope" in result["npu_claim"]["measured"] or "tiny_video_mrope" in \
         result["npu_claim"]["measured"].get("missed", "")
     assert result["npu_claim"]["verdict"] in ("holds", "partly holds", "does not hold")
+
+
+@pytest.mark.parametrize("name", ["guide_vision", "guide_vision_ethos_u"])
+def test_the_committed_vision_reports_are_their_json_rendered_by_the_current_renderer(name):
+    """scripts/results/guide/*.md are rendered from the JSON beside them only: a change to
+    the renderer re-renders them (the figures stay those of the run in the JSON)."""
+    results = Path(__file__).resolve().parent.parent / "scripts" / "results" / "guide"
+    assert (results / f"{name}.md").read_text() == render(json.loads((results / f"{name}.json").read_text()))
