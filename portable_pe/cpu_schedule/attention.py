@@ -31,11 +31,11 @@ import tvm
 from tvm import relax
 from tvm.ir import IRModule
 
-from . import bf16_attention
+from . import bf16_attention, bf16_pack_k
 from .bf16_isa import bf16_kernel
 from .fast_math import _fast_exp  # noqa: F401 (the kernels' exp; tests import it from here)
 from .matmul import _register_tile
-from .relax_util import INJECTIVE, _mutate_relax_functions, _tensor_type, bound_call, mark_op_pattern, rewrite_matmul
+from .relax_util import INJECTIVE, OPAQUE, _mutate_relax_functions, _tensor_type, bound_call, mark_op_pattern, rewrite_matmul
 from .softmax_rows import inverse_row_sum_of_lanes, row_max_of_lanes
 from .tir_util import _const_int, _vector_lanes
 
@@ -180,6 +180,7 @@ class _AttentionFuser(relax.PyExprMutator):  # pylint: disable=abstract-method
         self.mi, self.nj = _register_tile(target, self.lanes, None, None)
         self.kernels: dict[tuple, relax.GlobalVar] = {}
         self.injective: set = set()  # the bf16 packs' GlobalVars (mark_op_pattern, once the builder is done)
+        self.opaque: set = set()  # bf16_pack_k's kernels: hand-scheduled, FuseOps leaves them alone
         self.fused = 0
 
     def _bound(self, expr, op_name: str):
@@ -273,13 +274,14 @@ class _AttentionFuser(relax.PyExprMutator):  # pylint: disable=abstract-method
     def _amx_call(self, q, kt, v, bias, heads, d, e, scale, layout, zero_dead_rows, qs, vs):
         bb = self.builder_
         calls = [bb.call_te(bf16_attention.pack_q, q, scale, primfunc_name_hint="pack_q"),
-                 bb.call_te(bf16_attention.pack_kt, kt, primfunc_name_hint="pack_kt"),
+                 self._packed_keys(kt, heads, d),
                  bb.call_te(bf16_attention.pack_v, v, primfunc_name_hint="pack_v")]
         # Q's and V's packs are injective (each element one read of its operand): FuseOps may
         # fuse them into the kernels that make their operands (AnnotateTIROpPattern would call
         # their clamped, guarded reads opaque). Not Kᵀ's: fused with the transpose that makes
         # Kᵀ, each packed vector would gather 16 keys' rows (measured: 17% of the sinusoidal
-        # graph's time at B=8 T=512, against 6% for the transpose and the pack apart)
+        # graph's time at B=8 T=512, against 6% for the transpose and the pack apart); where
+        # Kᵀ transposes key rows, bf16_pack_k packs those rows instead
         self.injective |= {calls[0].args[0], calls[2].args[0]}
         packed = [bb.emit(call) for call in calls]
         key = ("amx", heads, d, e, layout, zero_dead_rows)
@@ -291,6 +293,75 @@ class _AttentionFuser(relax.PyExprMutator):  # pylint: disable=abstract-method
         out = relax.TensorType([qs[0], qs[1], qs[2], vs[3]], "float32")
         keys = bb.emit(relax.op.zeros(relax.ShapeExpr([vs[2]]), "uint8"))  # S bytes: the key count as a shape
         return relax.call_tir(self.kernels[key], [*packed, keys, bias], out)
+
+    def _packed_keys(self, kt, heads, d):
+        """The call that packs Kᵀ for the AMX kernel (bf16_pack_k): from the fused
+        projection K is a biased slice of, or from the key rows Kᵀ transposes ([B, S, H, D]
+        for a head split, [B, H, S, D] for RoPE's rotated K); else from Kᵀ itself
+        (bf16_attention.pack_kt)."""
+        transpose = self._bound(kt, "relax.permute_dims")
+        axes = tuple(int(a) for a in transpose.attrs.axes) if transpose is not None and transpose.attrs.axes else None
+        rows = {(0, 2, 3, 1): "bshd", (0, 1, 3, 2): "bhsd"}.get(axes)
+        if rows is None or not bf16_pack_k.fits(d):
+            return self.builder_.call_te(bf16_attention.pack_kt, kt, primfunc_name_hint="pack_kt")
+        k = transpose.args[0]
+        info = _tensor_type(k)
+        if info is None or info[0] != "float32" or len(info[1]) != 4:
+            return self.builder_.call_te(bf16_attention.pack_kt, kt, primfunc_name_hint="pack_kt")
+        batch, keys, h, dims = (info[1][i] for i in ((0, 1, 2, 3) if rows == "bshd" else (0, 2, 1, 3)))
+        if _const_int(h) != heads or _const_int(dims) != d:
+            return self.builder_.call_te(bf16_attention.pack_kt, kt, primfunc_name_hint="pack_kt")
+        args, options = [k], {"layout": rows}
+        try:
+            sliced = self._biased_slice(k, heads * d) if rows == "bshd" else None
+        except Exception as err:  # pylint: disable=broad-except  # the rows as they are: still right
+            logger.debug("cpu_schedule: K's projection not matched: %s", err)
+            sliced = None
+        if sliced is not None:
+            qkv, offset, width, bias = sliced
+            args, options = [qkv, bias], {"layout": "qkv", "width": width, "offset": offset}
+        key = ("pack_k", heads, d, *sorted(options.items()))
+        if key not in self.kernels:
+            self.kernels[key] = self.builder_.add_func(
+                bf16_pack_k.pack_k_kernel(heads=heads, head_dim=d, **options), "pack_k")
+            self.opaque.add(self.kernels[key])
+        out = relax.TensorType([batch, heads, bf16_pack_k.packed_keys(keys), d // 2, 16], "uint32")
+        return relax.call_tir(self.kernels[key], args, out)
+
+    def _biased_slice(self, k, columns: int):
+        """(qkv, offset, width, bias) where `k` is reshape(split(qkv, axis=-1)[i] + bias):
+        K as columns offset..offset + `columns` of a fused projection [B, S, width] plus a
+        constant bias of `columns`; else None."""
+        reshape = self._bound(k, "relax.reshape")
+        add = self._bound(reshape.args[0], "relax.add") if reshape is not None else None
+        if add is None:
+            return None
+        for part, bias in (add.args, add.args[::-1]):
+            # (TVM 0.27: Relax constants are tvm.ir.GenericConst)
+            bias_type = _tensor_type(bias) if isinstance(bias, tvm.ir.GenericConst) else None
+            if bias_type is None or bias_type[0] != "float32" or [_const_int(n) for n in bias_type[1]] != [columns] \
+                    or not isinstance(part, relax.Var):
+                continue
+            item = self.lookup_binding(part)
+            if not isinstance(item, relax.TupleGetItem) or not isinstance(item.tuple_value, relax.Var):
+                continue
+            split = self._bound(item.tuple_value, "relax.split")
+            info = _tensor_type(split.args[0]) if split is not None else None
+            if info is None or info[0] != "float32" or len(info[1]) != 3 or _const_int(info[1][2]) is None:
+                continue
+            width = _const_int(info[1][2])
+            if int(split.attrs.axis) not in (-1, 2):
+                continue
+            sections = split.attrs.indices_or_sections
+            if isinstance(sections, tvm.tirx.IntImm):
+                starts = [i * width // int(sections) for i in range(int(sections) + 1)]
+            else:
+                starts = [0, *(int(i) for i in sections), width]
+            index = int(item.index)
+            if starts[index + 1] - starts[index] != columns:
+                continue
+            return split.args[0], starts[index], width, bias
+        return None
 
     @staticmethod
     def _bias_layout(bias, score_shape, same) -> tuple[str, ...] | None:
@@ -333,5 +404,5 @@ class FuseAttention:  # pylint: disable=too-few-public-methods
         fused = _mutate_relax_functions(fuser, mod)
         if not fuser.fused:
             return mod
-        fused = mark_op_pattern(fused, dict.fromkeys(fuser.injective, INJECTIVE))
+        fused = mark_op_pattern(fused, {**dict.fromkeys(fuser.injective, INJECTIVE), **dict.fromkeys(fuser.opaque, OPAQUE)})
         return relax.transform.DeadCodeElimination()(fused)

@@ -42,6 +42,7 @@ def _mutate_relax_functions(mutator: relax.PyExprMutator, mod: IRModule, *,
 #: tvm.relax OpPatternKind values, for kernels AnnotateTIROpPattern would misjudge
 INJECTIVE = 2
 OUT_ELEMWISE_FUSABLE = 4
+OPAQUE = 8
 
 
 def mark_op_pattern(mod: IRModule, kinds: dict) -> IRModule:
