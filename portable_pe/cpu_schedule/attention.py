@@ -299,21 +299,13 @@ class _AttentionFuser(relax.PyExprMutator):  # pylint: disable=abstract-method
         projection K is a biased slice of, or from the key rows Kᵀ transposes ([B, S, H, D]
         for a head split, [B, H, S, D] for RoPE's rotated K); else from Kᵀ itself
         (bf16_attention.pack_kt)."""
-        transpose = self._bound(kt, "relax.permute_dims")
-        axes = tuple(int(a) for a in transpose.attrs.axes) if transpose is not None and transpose.attrs.axes else None
-        rows = {(0, 2, 3, 1): "bshd", (0, 1, 3, 2): "bhsd"}.get(axes)
-        if rows is None or not bf16_pack_k.fits(d):
+        found = self._key_rows(kt, heads, d)
+        if found is None:
             return self.builder_.call_te(bf16_attention.pack_kt, kt, primfunc_name_hint="pack_kt")
-        k = transpose.args[0]
-        info = _tensor_type(k)
-        if info is None or info[0] != "float32" or len(info[1]) != 4:
-            return self.builder_.call_te(bf16_attention.pack_kt, kt, primfunc_name_hint="pack_kt")
-        batch, keys, h, dims = (info[1][i] for i in ((0, 1, 2, 3) if rows == "bshd" else (0, 2, 1, 3)))
-        if _const_int(h) != heads or _const_int(dims) != d:
-            return self.builder_.call_te(bf16_attention.pack_kt, kt, primfunc_name_hint="pack_kt")
+        k, rows, batch, keys = found
         args, options = [k], {"layout": rows}
         try:
-            sliced = self._biased_slice(k, heads * d) if rows == "bshd" else None
+            sliced = self._biased_slice(k, heads * d, batch, keys) if rows == "bshd" else None
         except Exception as err:  # pylint: disable=broad-except  # the rows as they are: still right
             logger.debug("cpu_schedule: K's projection not matched: %s", err)
             sliced = None
@@ -328,10 +320,27 @@ class _AttentionFuser(relax.PyExprMutator):  # pylint: disable=abstract-method
         out = relax.TensorType([batch, heads, bf16_pack_k.packed_keys(keys), d // 2, 16], "uint32")
         return relax.call_tir(self.kernels[key], args, out)
 
-    def _biased_slice(self, k, columns: int):
+    def _key_rows(self, kt, heads, d):
+        """(k, layout, batch, keys) where `kt` transposes float32 key rows `k` of `heads`
+        heads of `d` ("bshd": [B, S, H, D], "bhsd": [B, H, S, D]); else None."""
+        transpose = self._bound(kt, "relax.permute_dims")
+        axes = tuple(int(a) for a in transpose.attrs.axes) if transpose is not None and transpose.attrs.axes else None
+        rows = {(0, 2, 3, 1): "bshd", (0, 1, 3, 2): "bhsd"}.get(axes)
+        if rows is None or not bf16_pack_k.fits(d):
+            return None
+        k = transpose.args[0]
+        info = _tensor_type(k)
+        if info is None or info[0] != "float32" or len(info[1]) != 4:
+            return None
+        batch, keys, h, dims = (info[1][i] for i in ((0, 1, 2, 3) if rows == "bshd" else (0, 2, 1, 3)))
+        if _const_int(h) != heads or _const_int(dims) != d:
+            return None
+        return k, rows, batch, keys
+
+    def _biased_slice(self, k, columns: int, batch, keys):
         """(qkv, offset, width, bias) where `k` is reshape(split(qkv, axis=-1)[i] + bias):
-        K as columns offset..offset + `columns` of a fused projection [B, S, width] plus a
-        constant bias of `columns`; else None."""
+        K as columns offset..offset + `columns` of a fused projection [batch, keys, width]
+        plus a constant bias of `columns`; else None."""
         reshape = self._bound(k, "relax.reshape")
         add = self._bound(reshape.args[0], "relax.add") if reshape is not None else None
         if add is None:
@@ -349,6 +358,9 @@ class _AttentionFuser(relax.PyExprMutator):  # pylint: disable=abstract-method
             info = _tensor_type(split.args[0]) if split is not None else None
             if info is None or info[0] != "float32" or len(info[1]) != 3 or _const_int(info[1][2]) is None:
                 continue
+            same = tvm.sym.Analyzer().can_prove_equal
+            if not (same(info[1][0], batch) and same(info[1][1], keys)):
+                continue  # the rows are read as [batch, keys, width]: any other order is not K's
             width = _const_int(info[1][2])
             if int(split.attrs.axis) not in (-1, 2):
                 continue
