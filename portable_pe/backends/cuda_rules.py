@@ -11,7 +11,11 @@ two failures remained on the shipped graphs: dlight's Matmul on the video stem's
 extent does not provably divide, so TVM's lowering fails ("The padding factor ... is not
 divisible by n * 64 + 320"). Here a rule that raises hands the kernel to the next one (the
 log names the kernel and the error, for the manifest's "cuda_schedules"), and
-BindSpatialLoops takes Fallback's place.
+BindSpatialLoops takes Fallback's place. Where dim_vars could not name the count (BEiT's
+H // 16 * (W // 16) + 1), dlight's Matmul built kernels that CUDA's code generator refused
+("Can only handle constant size stack allocation for now"): for such kernels each schedule
+is lowered first, and one with a kernel-side buffer of non-constant size falls through
+like a rule that raised (_check_device_allocations).
 """
 
 from __future__ import annotations
