@@ -295,85 +295,18 @@ class _AttentionFuser(relax.PyExprMutator):  # pylint: disable=abstract-method
         return relax.call_tir(self.kernels[key], [*packed, keys, bias], out)
 
     def _packed_keys(self, kt, heads, d):
-        """The call that packs Kᵀ for the AMX kernel (bf16_pack_k): from the fused
-        projection K is a biased slice of, or from the key rows Kᵀ transposes ([B, S, H, D]
-        for a head split, [B, H, S, D] for RoPE's rotated K); else from Kᵀ itself
-        (bf16_attention.pack_kt)."""
-        found = self._key_rows(kt, heads, d)
-        if found is None:
+        """The call that packs Kᵀ for the AMX kernel: from the rows Kᵀ transposes or the
+        projection K slices (bf16_pack_k.key_source), else from Kᵀ itself (bf16_attention.pack_kt)."""
+        source = bf16_pack_k.key_source(kt, heads, d, bound=self._bound, binding=self.lookup_binding)
+        if source is None:
             return self.builder_.call_te(bf16_attention.pack_kt, kt, primfunc_name_hint="pack_kt")
-        k, rows, batch, keys = found
-        args, options = [k], {"layout": rows}
-        try:
-            sliced = self._biased_slice(k, heads * d, batch, keys) if rows == "bshd" else None
-        except Exception as err:  # pylint: disable=broad-except  # the rows as they are: still right
-            logger.debug("cpu_schedule: K's projection not matched: %s", err)
-            sliced = None
-        if sliced is not None:
-            qkv, offset, width, bias = sliced
-            args, options = [qkv, bias], {"layout": "qkv", "width": width, "offset": offset}
-        key = ("pack_k", heads, d, *sorted(options.items()))
+        key = ("pack_k", heads, d, *sorted(source.options.items()))
         if key not in self.kernels:
             self.kernels[key] = self.builder_.add_func(
-                bf16_pack_k.pack_k_kernel(heads=heads, head_dim=d, **options), "pack_k")
+                bf16_pack_k.pack_k_kernel(heads=heads, head_dim=d, **source.options), "pack_k")
             self.opaque.add(self.kernels[key])
-        out = relax.TensorType([batch, heads, bf16_pack_k.packed_keys(keys), d // 2, 16], "uint32")
-        return relax.call_tir(self.kernels[key], args, out)
-
-    def _key_rows(self, kt, heads, d):
-        """(k, layout, batch, keys) where `kt` transposes float32 key rows `k` of `heads`
-        heads of `d` ("bshd": [B, S, H, D], "bhsd": [B, H, S, D]); else None."""
-        transpose = self._bound(kt, "relax.permute_dims")
-        axes = tuple(int(a) for a in transpose.attrs.axes) if transpose is not None and transpose.attrs.axes else None
-        rows = {(0, 2, 3, 1): "bshd", (0, 1, 3, 2): "bhsd"}.get(axes)
-        if rows is None or not bf16_pack_k.fits(d):
-            return None
-        k = transpose.args[0]
-        info = _tensor_type(k)
-        if info is None or info[0] != "float32" or len(info[1]) != 4:
-            return None
-        batch, keys, h, dims = (info[1][i] for i in ((0, 1, 2, 3) if rows == "bshd" else (0, 2, 1, 3)))
-        if _const_int(h) != heads or _const_int(dims) != d:
-            return None
-        return k, rows, batch, keys
-
-    def _biased_slice(self, k, columns: int, batch, keys):
-        """(qkv, offset, width, bias) where `k` is reshape(split(qkv, axis=-1)[i] + bias):
-        K as columns offset..offset + `columns` of a fused projection [batch, keys, width]
-        plus a constant bias of `columns`; else None."""
-        reshape = self._bound(k, "relax.reshape")
-        add = self._bound(reshape.args[0], "relax.add") if reshape is not None else None
-        if add is None:
-            return None
-        for part, bias in (add.args, add.args[::-1]):
-            # (TVM 0.27: Relax constants are tvm.ir.GenericConst)
-            bias_type = _tensor_type(bias) if isinstance(bias, tvm.ir.GenericConst) else None
-            if bias_type is None or bias_type[0] != "float32" or [_const_int(n) for n in bias_type[1]] != [columns] \
-                    or not isinstance(part, relax.Var):
-                continue
-            item = self.lookup_binding(part)
-            if not isinstance(item, relax.TupleGetItem) or not isinstance(item.tuple_value, relax.Var):
-                continue
-            split = self._bound(item.tuple_value, "relax.split")
-            info = _tensor_type(split.args[0]) if split is not None else None
-            if info is None or info[0] != "float32" or len(info[1]) != 3 or _const_int(info[1][2]) is None:
-                continue
-            same = tvm.sym.Analyzer().can_prove_equal
-            if not (same(info[1][0], batch) and same(info[1][1], keys)):
-                continue  # the rows are read as [batch, keys, width]: any other order is not K's
-            width = _const_int(info[1][2])
-            if int(split.attrs.axis) not in (-1, 2):
-                continue
-            sections = split.attrs.indices_or_sections
-            if isinstance(sections, tvm.tirx.IntImm):
-                starts = [i * width // int(sections) for i in range(int(sections) + 1)]
-            else:
-                starts = [0, *(int(i) for i in sections), width]
-            index = int(item.index)
-            if starts[index + 1] - starts[index] != columns:
-                continue
-            return split.args[0], starts[index], width, bias
-        return None
+        out = relax.TensorType([source.batch, heads, bf16_pack_k.packed_keys(source.keys), d // 2, 16], "uint32")
+        return relax.call_tir(self.kernels[key], source.args, out)
 
     @staticmethod
     def _bias_layout(bias, score_shape, same) -> tuple[str, ...] | None:

@@ -10,13 +10,24 @@ reads 16 key rows, rounds them to bf16 pairs and transposes the 16 x 16 block of
 registers (four stages of two-source shuffles, in LLVM IR), writing whole panels.
 
 The rows come from the transpose's input as it is: [B, S, H, D] (a head split) or
-[B, H, S, D] (RoPE's rotated K); the panel past the last key has its missing keys zero,
-as pack_kt's.
+[B, H, S, D] (RoPE's rotated K), or, where the head split is of a biased slice of a fused
+Q/K/V projection, from the projection in place with the bias added (key_source finds
+which); the panel past the last key has its missing keys zero, as pack_kt's.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
+from dataclasses import dataclass
+
+import tvm
+from tvm import relax
+
+from .relax_util import _tensor_type
+from .tir_util import _const_int
+
+logger = logging.getLogger(__package__)
 
 _KEYS = 16    # keys per panel: one AMX B-tile row of pairs
 _PAIRS = 16   # pairs per 16 x 16 block (one zmm of int32)
@@ -77,7 +88,7 @@ def pack_ir(head_dim: int, bias: bool = False) -> str:
                 a, b = rows[i], rows[i + h]
                 first = [j if not j & h else 16 + j - h for j in range(16)]
                 second = [j + h if not j & h else 16 + j for j in range(16)]
-                for k, (mask, name) in enumerate(((first, f"%c{c}t{h}_{i}"), (second, f"%c{c}t{h}_{i + h}"))):
+                for mask, name in ((first, f"%c{c}t{h}_{i}"), (second, f"%c{c}t{h}_{i + h}")):
                     lines.append(f"  {name} = shufflevector <16 x i32> {a}, <16 x i32> {b}, <16 x i32> "
                                  + "<" + ", ".join(f"i32 {m}" for m in mask) + ">")
                 rows[i], rows[i + h] = f"%c{c}t{h}_{i}", f"%c{c}t{h}_{i + h}"
@@ -94,6 +105,83 @@ def fits(head_dim: int) -> bool:
     return head_dim % 32 == 0
 
 
+@dataclass(frozen=True)
+class KeySource:
+    """Where K's rows are, for pack_k_kernel: its call arguments and options, and the
+    batch and key count of the packed result."""
+    args: list
+    options: dict
+    batch: object
+    keys: object
+
+
+def key_source(kt, heads: int, d: int, *, bound, binding) -> KeySource | None:
+    """The rows `kt` (a Relax Kᵀ [B, H, D, S]) transposes, or None: a float32 [B, S, H, D]
+    (a head split) or [B, H, S, D] (RoPE's rotated K); of the first, the fused projection
+    it is a biased slice of where there is one. ``bound(expr, op)`` is the call `expr` is
+    bound to when it calls `op`, ``binding(var)`` what `var` is bound to (the fuser's)."""
+    transpose = bound(kt, "relax.permute_dims")
+    axes = tuple(int(a) for a in transpose.attrs.axes) if transpose is not None and transpose.attrs.axes else None
+    rows = {(0, 2, 3, 1): "bshd", (0, 1, 3, 2): "bhsd"}.get(axes)
+    if rows is None or not fits(d):
+        return None
+    k = transpose.args[0]
+    info = _tensor_type(k)
+    if info is None or info[0] != "float32" or len(info[1]) != 4:
+        return None
+    batch, keys, h, dims = (info[1][i] for i in ((0, 1, 2, 3) if rows == "bshd" else (0, 2, 1, 3)))
+    if _const_int(h) != heads or _const_int(dims) != d:
+        return None
+    try:
+        sliced = _biased_slice(k, heads * d, batch, keys, bound, binding) if rows == "bshd" else None
+    except Exception as err:  # pylint: disable=broad-except  # the rows as they are: still right
+        logger.debug("cpu_schedule: K's projection not matched: %s", err)
+        sliced = None
+    if sliced is None:
+        return KeySource([k], {"layout": rows}, batch, keys)
+    qkv, offset, width, bias = sliced
+    return KeySource([qkv, bias], {"layout": "qkv", "width": width, "offset": offset}, batch, keys)
+
+
+def _biased_slice(k, columns: int, batch, keys, bound, binding):
+    """(qkv, offset, width, bias) where `k` is reshape(split(qkv, axis=-1)[i] + bias):
+    K as columns offset..offset + `columns` of a fused projection [batch, keys, width]
+    plus a constant bias of `columns`; else None."""
+    reshape = bound(k, "relax.reshape")
+    add = bound(reshape.args[0], "relax.add") if reshape is not None else None
+    if add is None:
+        return None
+    for part, bias in (add.args, add.args[::-1]):
+        # (TVM 0.27: Relax constants are tvm.ir.GenericConst)
+        bias_type = _tensor_type(bias) if isinstance(bias, tvm.ir.GenericConst) else None
+        if bias_type is None or bias_type[0] != "float32" or [_const_int(n) for n in bias_type[1]] != [columns] \
+                or not isinstance(part, relax.Var):
+            continue
+        item = binding(part)
+        if not isinstance(item, relax.TupleGetItem) or not isinstance(item.tuple_value, relax.Var):
+            continue
+        split = bound(item.tuple_value, "relax.split")
+        info = _tensor_type(split.args[0]) if split is not None else None
+        if info is None or info[0] != "float32" or len(info[1]) != 3 or _const_int(info[1][2]) is None:
+            continue
+        same = tvm.sym.Analyzer().can_prove_equal
+        if not (same(info[1][0], batch) and same(info[1][1], keys)):
+            continue  # the rows are read as [batch, keys, width]: any other order is not K's
+        width = _const_int(info[1][2])
+        if int(split.attrs.axis) not in (-1, 2):
+            continue
+        sections = split.attrs.indices_or_sections
+        if isinstance(sections, tvm.tirx.IntImm):
+            starts = [i * width // int(sections) for i in range(int(sections) + 1)]
+        else:
+            starts = [0, *(int(i) for i in sections), width]
+        index = int(item.index)
+        if starts[index + 1] - starts[index] != columns:
+            continue
+        return split.args[0], starts[index], width, bias
+    return None
+
+
 @functools.lru_cache(maxsize=None)
 def pack_k_kernel(*, heads: int, head_dim: int, layout: str, width: int = 0, offset: int = 0):
     """The PrimFunc (k [layout], kp [B, H, S'/16, D/2, 16] uint32): K's rows packed as
@@ -106,8 +194,9 @@ def pack_k_kernel(*, heads: int, head_dim: int, layout: str, width: int = 0, off
         raise ValueError(f"layout must be one of {', '.join(LAYOUTS)} or qkv, got {layout!r}")
     H, D = heads, head_dim
     plain, biased = kernel_name(D), kernel_name(D, bias=True)
-    ir = pack_ir(D) + pack_ir(D, bias=True)
-    # elements from one key's row to the next, and the first element of (b, h, key s)
+    # the tail panel goes through the plain kernel (its copy adds the bias)
+    ir = pack_ir(D) + (pack_ir(D, bias=True) if layout == "qkv" else "")
+    # elements from one key's row to the next
     row_stride = {"bshd": H * D, "bhsd": D, "qkv": width}[layout]
 
     def k_at(k, b, h, s, d):  # called while parsing
