@@ -79,6 +79,34 @@ def test_the_dense_is_row_tiles_by_core_groups_around_the_micro_kernel():
     assert aligned and aligned[0].name_hint.endswith("_pad"), script
 
 
+@pytest.mark.parametrize("batched", [False, True])
+def test_the_rows_copy_has_its_row_stride_off_the_l1_set_stride(batched):
+    """The copy's row stride is 16 floats more than a multiple of 64 (a cache line between
+    consecutive rows' sets), with and without batch dims in front: an encoder's input is
+    [batch, seq, K], where aligning the first axis padded the batch stride and left 12 rows
+    K floats apart (K = 1024: all twelve in one L1 set)."""
+    from tvm import s_tir
+    k = 1024
+    w = (np.random.default_rng(0).standard_normal((k, 64)) * 0.1).astype("float32")
+    dims = [tirx.Var("batch", "int64"), tirx.Var("seq", "int64")] if batched else [tirx.Var("rows", "int64")]
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([*dims, k], "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.matmul(x, relax.const(w))))
+        bb.emit_func_output(out)
+    kernel = _scheduled_kernel(bb.get())
+    with AVX512:
+        lowered = tvm.transform.Sequential([
+            s_tir.transform.LowerInitBlock(), s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
+            s_tir.transform.ConvertBlocksToOpaque(), s_tir.transform.CompactBufferAllocation()])(
+            tvm.IRModule({"main": kernel}))["main"]
+    pads = [buf for blk in _blocks_under(lowered.body) for buf in blk.alloc_buffers if buf.name == "x_pad"]
+    assert len(pads) == 1, lowered.script()
+    row_stride = int(pads[0].strides[-2])
+    assert row_stride >= k and row_stride % 64 == 16, lowered.script()
+
+
 @runs_here
 @pytest.mark.parametrize("k,n,epilogue", [(256, 128, "gelu"), (96, 64, "residual"), (1000, 32, "bias"), (64, 96, "bias")])
 def test_the_micro_kernel_dense_matches_numpy_at_ragged_row_counts(k, n, epilogue):

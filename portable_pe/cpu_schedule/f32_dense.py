@@ -29,7 +29,7 @@ from .f32_tiles import F32_PANEL, F32_TILE_COLUMNS, F32_TILE_ROWS, f32_intrin, f
 from .loops import _parallel_outer, _vectorize_inner, row_major_items
 from .matmul import _pack_constant_weight, _packable_weight, _pad_to_tiles
 from .small_work import WORK_ITERATIONS
-from .tir_util import _loop_extent, _num_cores, _vector_lanes
+from .tir_util import _loop_extent, _num_cores, _region_buffer, _vector_lanes
 
 #: the row stride of A's padded copy, in floats, is _ROW_PADDING more than a multiple of
 #: _ROW_ALIGN: consecutive rows start one cache line apart in L1's sets (module docstring)
@@ -84,7 +84,10 @@ def schedule_f32_dense(sch, mm_block, other_blocks, target) -> bool:
     for pad in row_pads:
         sch.compute_at(pad, items, preserve_unit_loops=True)
         _vectorize_inner(sch, sch.get_loops(pad)[-1], lanes)
-        sch.storage_align(pad, 0, axis=0, factor=_ROW_ALIGN, offset=_ROW_PADDING)
+        # the row axis is the copy's second-to-last (batch dims come first): the stride of
+        # that axis is the one to pad
+        row_axis = len(_region_buffer(sch.get(pad).writes[0]).shape) - 2
+        sch.storage_align(pad, 0, axis=row_axis, factor=_ROW_ALIGN, offset=_ROW_PADDING)
     name = sch.get(mm_block).name_hint
     sch.tensorize(ii, f32_intrin(ext_k))
     # the call's multiply-adds, for SerialWhenSmall (it would count the call as one iteration)
