@@ -30,6 +30,8 @@ from tvm.s_tir.dlight.analysis import normalize_prim_func
 # dlight's Fallback asks the same of a block (TVM 0.27; private, so a TVM that drops it fails here)
 from tvm.s_tir.dlight.gpu.fallback import _has_internal_thread_env as launches_own_threads
 
+from ..cpu_schedule.failures import error_summary
+
 
 @dataclass
 class FallThroughLog:
@@ -37,8 +39,7 @@ class FallThroughLog:
     failures: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
 
     def record(self, name: str, rule: ScheduleRule, error: Exception) -> None:
-        reason = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
-        self.failures.setdefault(name, []).append((type(rule).__name__, reason[:200]))
+        self.failures.setdefault(name, []).append((type(rule).__name__, error_summary(error)))
 
     def to_manifest(self) -> dict[str, list[str]]:
         return {kernel: [f"{rule}: {reason}" for rule, reason in rows] for kernel, rows in sorted(self.failures.items())}

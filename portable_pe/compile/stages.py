@@ -266,7 +266,7 @@ def stage_build(st: CompileState) -> Added:
               _int8_kernels_report(st) if st.request.precision == "int8" else {})
     if not st.tuning.get("specializations"):
         executable = backend.build(st.relax, st.tvm_target, pipeline)
-        return Added(executable=executable, report={**report, **_pipeline_report(pipeline)})
+        return Added(executable=executable, report={**report, **_pipeline_report(st, pipeline)})
     from ..tune.database import as_main, coverage, open_database
     database = open_database(ROOT / st.tuning["database"])
     entries = []
@@ -278,14 +278,19 @@ def stage_build(st: CompileState) -> Added:
     with database:
         executable = backend.build(st.relax, st.tvm_target, pipeline)
     return Added(executable=executable, tuning={**st.tuning, "specializations": entries},
-                 report={**report, **_pipeline_report(pipeline)})
+                 report={**report, **_pipeline_report(st, pipeline)})
 
 
-def _pipeline_report(pipeline) -> dict:
+def _pipeline_report(st: CompileState, pipeline) -> dict:
     """Manifest sections a backend's pipeline wrote about the build it ran, where its pass
-    has a report() (cuda: the kernels dlight's preferred rules could not schedule)."""
+    has a report() (cuda: the kernels dlight's preferred rules could not schedule; llvm:
+    kernels left unscheduled and rewrites that failed, which the log warns about)."""
+    from ..cpu_schedule.failures import warning_line
     report = getattr(pipeline, "report", None)
-    return report() if callable(report) else {}
+    report = report() if callable(report) else {}
+    if "cpu_schedules" in report:
+        st.log(f"  {warning_line(report['cpu_schedules'])}")
+    return report
 
 
 def _bf16_report(st: CompileState) -> dict:

@@ -172,8 +172,9 @@ def _scalar_constant(expr) -> float | None:
 
 @relax.expr_functor.mutator
 class _AttentionFuser(relax.PyExprMutator):  # pylint: disable=abstract-method
-    def __init__(self, mod: IRModule, target, *, bf16: bool = False):
+    def __init__(self, mod: IRModule, target, *, bf16: bool = False, failures=None):
         super().__init__(mod)
+        self.failures = failures
         # --precision bf16 on AMX: the two products on the tiles (bf16_attention)
         self.amx = bf16 and bf16_kernel(target) == "amx-bf16"
         self.lanes = _vector_lanes(target)
@@ -188,7 +189,7 @@ class _AttentionFuser(relax.PyExprMutator):  # pylint: disable=abstract-method
         return bound_call(self, expr, op_name)
 
     def visit_call_(self, call):  # pylint: disable=arguments-renamed
-        return rewrite_matmul(super().visit_call_(call), self._fuse, logger, "attention not fused")
+        return rewrite_matmul(super().visit_call_(call), self._fuse, logger, "attention not fused", self.failures)
 
     def _dead_rows_zeroed(self, probs):
         """(softmax output, True) for where(isnan(p), 0, p); (probs, False) otherwise."""
@@ -336,16 +337,18 @@ class FuseAttention:  # pylint: disable=too-few-public-methods
 
     CPU (llvm) targets only; before legalization, so the unfused ops never get
     scheduled. Intermediates the fused call no longer needs are dropped. ``bf16``
-    (--precision bf16): on AMX, the kernel whose two products run on the tiles."""
+    (--precision bf16): on AMX, the kernel whose two products run on the tiles. A fusion
+    that raises is recorded in ``failures`` (failures.PipelineFailures), when given."""
 
-    def __init__(self, bf16: bool = False):
+    def __init__(self, bf16: bool = False, failures=None):
         self.bf16 = bf16
+        self.failures = failures
 
     def transform_module(self, mod: IRModule, _ctx) -> IRModule:
         target = tvm.target.Target.current(allow_none=True)
         if target is None or target.kind.name != "llvm":
             return mod
-        fuser = _AttentionFuser(mod, target, bf16=self.bf16)
+        fuser = _AttentionFuser(mod, target, bf16=self.bf16, failures=self.failures)
         fused = _mutate_relax_functions(fuser, mod)
         if not fuser.fused:
             return mod

@@ -112,8 +112,9 @@ def _constant_weight(mutator, expr) -> np.ndarray | None:
 
 @relax.expr_functor.mutator
 class _Lowerer(relax.PyExprMutator):  # pylint: disable=abstract-method
-    def __init__(self, mod: IRModule, fits, *, pad_to_amx: bool):
+    def __init__(self, mod: IRModule, fits, *, pad_to_amx: bool, failures=None):
         super().__init__(mod)
+        self.failures = failures
         self.fits = fits
         self.pad_to_amx = pad_to_amx
         self.lowered = 0
@@ -121,7 +122,7 @@ class _Lowerer(relax.PyExprMutator):  # pylint: disable=abstract-method
         self.patterns = {}  # {GlobalVar: OpPatternKind} of the kernels AnnotateTIROpPattern would misjudge
 
     def visit_call_(self, call):  # pylint: disable=arguments-renamed
-        return rewrite_matmul(super().visit_call_(call), self._lower, logger, "matmul kept in float32")
+        return rewrite_matmul(super().visit_call_(call), self._lower, logger, "matmul kept in float32", self.failures)
 
     def _lower(self, mm):
         weight = _constant_weight(self, mm.args[1])
@@ -154,9 +155,10 @@ class _Lowerer(relax.PyExprMutator):  # pylint: disable=abstract-method
         return relax.op.strided_slice(bb.emit(call), axes=[rank - 1], begin=[0], end=[n])
 
 
-def lower_bf16_linear(mod: IRModule, target) -> tuple[IRModule, int, int]:
+def lower_bf16_linear(mod: IRModule, target, failures=None) -> tuple[IRModule, int, int]:
     """(the module with its constant-weight matmuls in bf16, how many, how many kept float32
-    because the kernel does not take their shape)."""
+    because the kernel does not take their shape); a lowering that raises is recorded in
+    `failures` (failures.PipelineFailures), when given."""
     kernel = bf16_kernel(target)
     if kernel is None:
         raise ValueError(f"--precision bf16 needs a CPU with {needed_features(target_arch(target)) or 'a bf16 kernel'}; "
@@ -164,7 +166,7 @@ def lower_bf16_linear(mod: IRModule, target) -> tuple[IRModule, int, int]:
     # vdpbf16ps takes every shape AMX takes and more (bf16_matmul falls back to it); with
     # AMX every shape is padded to its tiles (2% more work at N = 688, against vdpbf16ps)
     amx = kernel == "amx-bf16"
-    lowerer = _Lowerer(mod, FITS[kernel], pad_to_amx=amx)
+    lowerer = _Lowerer(mod, FITS[kernel], pad_to_amx=amx, failures=failures)
     lowered = _mutate_relax_functions(lowerer, mod)
     if not lowerer.lowered:
         return mod, 0, lowerer.kept
@@ -175,5 +177,8 @@ def lower_bf16_linear(mod: IRModule, target) -> tuple[IRModule, int, int]:
 class LowerBF16Linear:  # pylint: disable=too-few-public-methods
     """lower_bf16_linear for the target in scope (an llvm target with a bf16 kernel, bf16_isa)."""
 
+    def __init__(self, failures=None):
+        self.failures = failures
+
     def transform_module(self, mod: IRModule, _ctx) -> IRModule:
-        return lower_bf16_linear(mod, tvm.target.Target.current(allow_none=False))[0]
+        return lower_bf16_linear(mod, tvm.target.Target.current(allow_none=False), self.failures)[0]

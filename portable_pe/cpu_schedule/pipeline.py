@@ -1,7 +1,8 @@
 """Rule dispatch per PrimFunc and the Relax passes / pipeline that apply it.
 
 Every function is scheduled independently inside ``try``: if a rule raises, the
-function is left unscheduled (logged at debug level) and the compile goes on.
+function is left unscheduled and the compile goes on; cpu_pipeline's report() names it
+(failures.py says why that must not stay silent).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from .bf16_matmul import is_bf16_matmul, schedule_bf16_matmul
 from .dim_vars import WithNamedDims
 from .f32_dense import schedule_f32_dense
 from .f32_tiles import F32_KERNEL
+from .failures import PipelineFailures
 from .fast_math import CPUFastMath
 from .head_reshapes import FusableHeadReshapes
 from .int8_matmul import is_integer_matmul, schedule_int8_matmul
@@ -83,8 +85,9 @@ def schedule_prim_func(func: tirx.PrimFunc, target) -> tirx.PrimFunc | None:
     return sch.mod["main"]
 
 
-def _lowers_ok(func, target) -> bool:
-    """Dry-run the schedule-sensitive part of TIR lowering on one function."""
+def _lowering_error(func, target) -> Exception | None:
+    """Dry-run the schedule-sensitive part of TIR lowering on one function: the error, if
+    it fails."""
     try:
         mod = IRModule({"main": func})
         passes = [
@@ -103,19 +106,22 @@ def _lowers_ok(func, target) -> bool:
                 tvm.transform.Sequential(passes)(mod)
         else:
             tvm.transform.Sequential(passes)(mod)
-        return True
+        return None
     except Exception as err:  # pylint: disable=broad-except
         logger.debug("cpu_schedule: scheduled function failed to lower: %s", err)
-        return False
+        return err
 
 
 @tvm.transform.module_pass(opt_level=0, name="CPUDefaultSchedule")
 class CPUDefaultSchedule:  # pylint: disable=too-few-public-methods
-    """Apply the CPU schedule rules to every unscheduled PrimFunc of a module."""
+    """Apply the CPU schedule rules to every unscheduled PrimFunc of a module. A rule that
+    raises, or whose schedule does not lower, leaves the function unscheduled and is
+    recorded in ``failures`` (a PipelineFailures), when given."""
 
-    def __init__(self, target=None, validate: bool = True):
+    def __init__(self, target=None, validate: bool = True, failures: PipelineFailures | None = None):
         self.target = target
         self.validate = validate
+        self.failures = failures
 
     def transform_module(self, mod: IRModule, _ctx) -> IRModule:
         updates = {}
@@ -140,33 +146,42 @@ class CPUDefaultSchedule:  # pylint: disable=too-few-public-methods
                 new_func = schedule_prim_func(func, target)
             except Exception as err:  # pylint: disable=broad-except
                 logger.debug("cpu_schedule: leaving %s unscheduled: %s", gv.name_hint, err)
-                new_func = None
-            if new_func is not None and (not self.validate or _lowers_ok(new_func, target)):
+                self._failed(gv, err)
+                continue
+            error = _lowering_error(new_func, target) if new_func is not None and self.validate else None
+            if error is not None:
+                self._failed(gv, error)
+            elif new_func is not None:
                 updates[gv] = new_func.with_attr(_SCHEDULED_ATTR, True)
         for gv, func in updates.items():
             mod[gv] = func
         return mod
 
+    def _failed(self, gv, err: Exception) -> None:
+        if self.failures is not None:
+            self.failures.kernel(gv.name_hint, err)
 
-def cpu_schedule_passes(target: "tvm.target.Target") -> list:
+
+def cpu_schedule_passes(target: "tvm.target.Target", failures: PipelineFailures | None = None) -> list:
     """Passes that schedule every PrimFunc for CPU (insert after FuseTIR)."""
-    return [CPUDefaultSchedule(target)]
+    return [CPUDefaultSchedule(target, failures=failures)]
 
 
-def fusion_passes(*, fast_math: bool = True, precision: str = "fp32") -> list:
+def fusion_passes(*, fast_math: bool = True, precision: str = "fp32", failures: PipelineFailures | None = None) -> list:
     """Everything before scheduling: tuning extracts its tasks after exactly these passes,
     so tuned workloads hash the same as the PrimFuncs a compile later looks up.
-    `precision` "bf16": the constant-weight matmuls in bf16 (bf16_linear)."""
+    `precision` "bf16": the constant-weight matmuls in bf16 (bf16_linear). A rewrite that
+    raises (and is left out) is recorded in `failures`, when given."""
     # a pixel graph's compound dims (its token count) as variables first (dim_vars)
     return [WithNamedDims([
         # a vision stem (conv with stride = kernel) as the matmul it is
         PatchStemAsMatmul,
         # dequantize -> matmul with a constant int8 weight (QDQ graphs) as an integer matmul
-        LowerQuantizedMatmul(),
-        *([LowerBF16Linear()] if precision == "bf16" else []),
+        LowerQuantizedMatmul(failures),
+        *([LowerBF16Linear(failures)] if precision == "bf16" else []),
         # attention as one kernel (CPU targets); before fast math rewrites its softmax.
         # int8 builds take the bf16 one too where the CPU has AMX (bf16_plan)
-        FuseAttention(bf16=precision in BF16_ATTENTION_PRECISIONS),
+        FuseAttention(bf16=precision in BF16_ATTENTION_PRECISIONS, failures=failures),
         # head splits/merges and q/k/v splits that FuseOps can fuse at a symbolic length
         FusableHeadReshapes(),
         # library dispatch
@@ -217,42 +232,56 @@ def cpu_pipeline(target: "tvm.target.Target", fast_math: bool = True, precision:
     ``fast_math`` rewrites float32 gelu/softmax/exp/erf/tanh to TOPI's vectorizable
     approximations before legalization (max abs error ~1e-7 on encoder outputs).
     ``precision`` (quant.PRECISIONS) "bf16" runs the constant-weight matmuls in bf16.
+    The pass's report() is the manifest's "cpu_schedules" section: what its last run
+    left unscheduled or unrewritten (failures.py), empty when everything went through.
     """
 
     @tvm.transform.module_pass(opt_level=0, name="PortablePECPUPipeline")
-    def _pipeline(mod: IRModule, _ctx) -> IRModule:
-        passes = [
-            *fusion_passes(fast_math=fast_math, precision=precision),
-            # tuned kernels first (a MetaSchedule database in scope, see tune.py), then
-            # our rules for everything still unscheduled
-            ApplyTuningDatabase,
-            # which kernel arguments are constants (weights the schedules may repack);
-            # after the database, whose workloads were hashed without this attribute
-            MarkConstantWeights,
-            *cpu_schedule_passes(target),
-            # packed weights: split the packing out of each kernel and run it now (in
-            # numpy; FoldConstant for any packing kernel numpy does not recognise)
-            SplitWeightPacking,
-            FoldWeightPacking,
-            relax.transform.FoldConstant(),
-            # small nests skip the thread pool, whoever scheduled them
-            SerialWhenSmall(),
-            # dataflow lowering
-            relax.transform.RewriteDataflowReshape(),
-            relax.transform.ToNonDataflow(),
-            relax.transform.RemovePurityChecking(),
-            relax.transform.CallTIRRewrite(),
-            # finalize
-            relax.transform.StaticPlanBlockMemory(),
-            relax.transform.LowerAllocTensor(),
-            relax.transform.KillAfterLastUse(),
-            relax.transform.LowerRuntimeBuiltin(),
-            relax.transform.ComputePrimValue(),
-            relax.transform.VMShapeLower(),
-            ShapeFuncsNoAlias,
-            relax.transform.AttachGlobalSymbol(),
-        ]
-        with target:
-            return tvm.transform.Sequential(passes)(mod)
+    class _Pipeline:
+        def __init__(self):
+            self.failures = PipelineFailures()
 
-    return _pipeline
+        def report(self) -> dict:
+            return self.failures.to_manifest()
+
+        def transform_module(self, mod: IRModule, _ctx) -> IRModule:
+            self.failures = PipelineFailures()
+            with target:
+                return tvm.transform.Sequential(_cpu_passes(target, fast_math, precision, self.failures))(mod)
+
+    return _Pipeline()
+
+
+def _cpu_passes(target, fast_math: bool, precision: str, failures: PipelineFailures) -> list:
+    """cpu_pipeline's passes, in order, recording into `failures`."""
+    return [
+        *fusion_passes(fast_math=fast_math, precision=precision, failures=failures),
+        # tuned kernels first (a MetaSchedule database in scope, see tune.py), then
+        # our rules for everything still unscheduled
+        ApplyTuningDatabase,
+        # which kernel arguments are constants (weights the schedules may repack);
+        # after the database, whose workloads were hashed without this attribute
+        MarkConstantWeights,
+        *cpu_schedule_passes(target, failures),
+        # packed weights: split the packing out of each kernel and run it now (in
+        # numpy; FoldConstant for any packing kernel numpy does not recognise)
+        SplitWeightPacking,
+        FoldWeightPacking,
+        relax.transform.FoldConstant(),
+        # small nests skip the thread pool, whoever scheduled them
+        SerialWhenSmall(),
+        # dataflow lowering
+        relax.transform.RewriteDataflowReshape(),
+        relax.transform.ToNonDataflow(),
+        relax.transform.RemovePurityChecking(),
+        relax.transform.CallTIRRewrite(),
+        # finalize
+        relax.transform.StaticPlanBlockMemory(),
+        relax.transform.LowerAllocTensor(),
+        relax.transform.KillAfterLastUse(),
+        relax.transform.LowerRuntimeBuiltin(),
+        relax.transform.ComputePrimValue(),
+        relax.transform.VMShapeLower(),
+        ShapeFuncsNoAlias,
+        relax.transform.AttachGlobalSymbol(),
+    ]

@@ -55,8 +55,9 @@ def _int_matmul(a: te.Tensor, w: te.Tensor) -> te.Tensor:
 
 @relax.expr_functor.mutator
 class _Lowerer(relax.PyExprMutator):  # pylint: disable=abstract-method
-    def __init__(self, mod: IRModule, isa):
+    def __init__(self, mod: IRModule, isa, failures=None):
         super().__init__(mod)
+        self.failures = failures
         self.isa = isa
         self.lowered = 0
 
@@ -65,7 +66,8 @@ class _Lowerer(relax.PyExprMutator):  # pylint: disable=abstract-method
         return bound_call(self, expr, op_name)
 
     def visit_call_(self, call):  # pylint: disable=arguments-renamed
-        return rewrite_matmul(super().visit_call_(call), self._lower, logger, "quantized matmul kept in float")
+        return rewrite_matmul(super().visit_call_(call), self._lower, logger, "quantized matmul kept in float",
+                              self.failures)
 
     def _lower(self, mm):
         act, wgt = self._bound(mm.args[0], "relax.dequantize"), self._bound(mm.args[1], "relax.dequantize")
@@ -114,13 +116,17 @@ class _Lowerer(relax.PyExprMutator):  # pylint: disable=abstract-method
 @tvm.transform.module_pass(opt_level=0, name="LowerQuantizedMatmul")
 class LowerQuantizedMatmul:  # pylint: disable=too-few-public-methods
     """Rewrite dequantize -> matmul (constant int8 weight) into an integer matmul for the
-    CPU target in scope; a module without such patterns is returned as it is."""
+    CPU target in scope; a module without such patterns is returned as it is. A lowering
+    that raises is recorded in ``failures`` (failures.PipelineFailures), when given."""
+
+    def __init__(self, failures=None):
+        self.failures = failures
 
     def transform_module(self, mod: IRModule, _ctx) -> IRModule:
         target = tvm.target.Target.current(allow_none=True)
         if target is None or target.kind.name != "llvm":
             return mod
-        lowerer = _Lowerer(mod, int8_isa(target))
+        lowerer = _Lowerer(mod, int8_isa(target), self.failures)
         lowered = _mutate_relax_functions(lowerer, mod)
         if not lowerer.lowered:
             return mod

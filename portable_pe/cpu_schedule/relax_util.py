@@ -65,14 +65,17 @@ def bound_call(mutator, expr, op_name: str):
     return None
 
 
-def rewrite_matmul(call, rewrite, log, kept: str):
+def rewrite_matmul(call, rewrite, log, kept: str, failures=None):
     """`rewrite(call)` for a relax.matmul call, or the call as it was: when the rewrite does
-    not apply (None) or fails (logged at debug level as `kept`: the float path stays correct)."""
+    not apply (None) or fails (logged at debug level as `kept`: the float path stays correct;
+    recorded in `failures`, a failures.PipelineFailures, when given)."""
     if getattr(call.op, "name", None) != "relax.matmul":
         return call
     try:
         rewritten = rewrite(call)
     except Exception as err:  # pylint: disable=broad-except
         log.debug("cpu_schedule: %s: %s", kept, err)
+        if failures is not None:
+            failures.rewrite(kept, err)
         rewritten = None
     return call if rewritten is None else rewritten
