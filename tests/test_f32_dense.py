@@ -95,7 +95,14 @@ def test_the_rows_copy_has_its_row_stride_off_the_l1_set_stride(batched):
         with bb.dataflow():
             out = bb.emit_output(bb.emit(relax.op.matmul(x, relax.const(w))))
         bb.emit_func_output(out)
-    kernel = _scheduled_kernel(bb.get())
+    # legalized as TVM does (the fp32 fusion passes would flatten [batch, seq] into rows)
+    from portable_pe.cpu_schedule.pipeline import CPUDefaultSchedule, MarkConstantWeights
+    with AVX512:
+        legalized = tvm.transform.Sequential([
+            relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
+            relax.transform.FuseOps(), relax.transform.FuseTIR(), MarkConstantWeights,
+            CPUDefaultSchedule(AVX512)])(bb.get())
+    (kernel,) = [f for gv, f in legalized.functions_items() if isinstance(f, tirx.PrimFunc) and "matmul" in gv.name_hint]
     with AVX512:
         lowered = tvm.transform.Sequential([
             s_tir.transform.LowerInitBlock(), s_tir.transform.PlanAndUpdateBufferAllocationLocation(),

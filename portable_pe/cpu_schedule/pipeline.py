@@ -23,6 +23,7 @@ from .f32_dense import schedule_f32_dense
 from .f32_tiles import F32_KERNEL
 from .failures import PipelineFailures
 from .fast_math import CPUFastMath
+from .flat_rows import FlattenDenseRows
 from .head_reshapes import FusableHeadReshapes
 from .int8_matmul import is_integer_matmul, schedule_int8_matmul
 from .matmul import _match_matmul, _schedule_matmul
@@ -176,6 +177,8 @@ def fusion_passes(*, fast_math: bool = True, precision: str = "fp32", failures: 
     return [WithNamedDims([
         # a vision stem (conv with stride = kernel) as the matmul it is
         PatchStemAsMatmul,
+        # float32 dense layers over batch * seq rows (one row tiling, not one per batch element)
+        *([FlattenDenseRows()] if precision == "fp32" else []),
         # dequantize -> matmul with a constant int8 weight (QDQ graphs) as an integer matmul
         LowerQuantizedMatmul(failures),
         *([LowerBF16Linear(failures)] if precision == "bf16" else []),
