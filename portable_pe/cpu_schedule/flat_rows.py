@@ -13,11 +13,13 @@ unary ops, and binary ones whose other operand is a scalar, a [N] row, or a [B, 
 tensor), so the epilogue still fuses into the dense kernel and the reshapes are views.
 A [B, T, N] operand that is not itself a flattened result comes in as a memory view:
 a reshape kernel there would be fused with the add and take it out of the dense's
-kernel.
+kernel. The row count B * T is bound to a variable of its own (a match_cast), as
+dim_vars names a vision graph's token count: the kernels see one row dim, as they saw T,
+and a vision graph's matmuls do not take its height and width again.
 
 Measured (2 threads, one process, alternating blocks, outputs bit for bit equal): the
-learned graph B = 8, T = 128 28.18 -> 27.86 ms, B = 8, T = 512 148.6 -> 147.9, B = 1 the
-same; DINOv3-S at 224 x 224, B = 8: 310.1 -> 305.1 ms.
+learned graph B = 8, T = 128 28.25 -> 27.68 ms, B = 8, T = 512 146.96 -> 146.82, B = 1
+within 0.5%; DINOv3-S at 224 x 224, B = 8: 307.3 -> 305.9 and 310.1 -> 305.1 (two runs).
 
 Float32 builds only: the bf16 attention reads K straight from a [batch, keys, width]
 q/k/v projection (bf16_pack_k), which a flattened projection is not, and AMX's row tiles
