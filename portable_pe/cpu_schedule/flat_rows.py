@@ -32,7 +32,7 @@ import tvm
 from tvm import relax, tirx
 from tvm.ir import IRModule
 
-from .relax_util import _mutate_relax_functions, _tensor_type
+from .relax_util import _mutate_relax_functions, _tensor_type, same_dims
 from .tir_util import _const_int
 
 #: elementwise ops of one tensor the flattened result passes through
@@ -127,7 +127,7 @@ class _FlattenRows(relax.PyExprMutator):  # pylint: disable=abstract-method
         """`other` as an operand of the flattened [B * T, N] value, or None: a scalar or a
         [N] row as it is, a [1, 1, N] row as [N], a flattened result as its flat form, a
         [B, T, N] tensor as a [B * T, N] view."""
-        if other in self.flat and _same(self.flat[other][1], shape):
+        if other in self.flat and same_dims(self.flat[other][1], shape):
             return self.flat[other][0]
         info = _tensor_type(other)
         if info is None:
@@ -137,15 +137,10 @@ class _FlattenRows(relax.PyExprMutator):  # pylint: disable=abstract-method
             return other
         if len(dims) <= 3 and all(_const_int(d) == 1 for d in dims[:-1]):
             return self.builder_.emit(relax.op.reshape(other, [dims[-1]]))
-        if _same(dims, shape):
+        if same_dims(dims, shape):
             view = relax.op.memory.view(other, relax.ShapeExpr([self._row_count(shape[0] * shape[1]), shape[2]]))
             return self.builder_.emit(view)
         return None
-
-
-def _same(a, b) -> bool:
-    ana = tvm.sym.Analyzer()
-    return len(a) == len(b) and all(ana.can_prove_equal(x, y) for x, y in zip(a, b))
 
 
 @tvm.transform.module_pass(opt_level=0, name="FlattenDenseRows")

@@ -23,7 +23,7 @@ import tvm
 from tvm import relax, tirx
 from tvm.ir import IRModule
 
-from .relax_util import _mutate_relax_functions, _tensor_type
+from .relax_util import _mutate_relax_functions, _tensor_type, same_dims
 from .tir_util import _const_int
 
 
@@ -34,11 +34,6 @@ def _shape(expr):
 
 def _symbolic(shape) -> bool:
     return any(_const_int(d) is None for d in shape)
-
-
-def _same_dims(a, b) -> bool:
-    ana = tvm.sym.Analyzer()
-    return len(a) == len(b) and all(ana.can_prove_equal(x, y) for x, y in zip(a, b))
 
 
 def _split_last(x, heads: int, head_dim: int):
@@ -66,13 +61,13 @@ class _HeadReshapeRewriter(relax.PyExprMutator):  # pylint: disable=abstract-met
         src, dst = _shape(call.args[0]), _shape(call)
         if src is None or dst is None or not (_symbolic(src) or _symbolic(dst)):
             return call
-        if len(dst) == len(src) + 1 and _same_dims(src[:-1], dst[:-2]):
+        if len(dst) == len(src) + 1 and same_dims(src[:-1], dst[:-2]):
             heads, head_dim, width = _const_int(dst[-2]), _const_int(dst[-1]), _const_int(src[-1])
             if None not in (heads, head_dim, width) and heads * head_dim == width:
                 self.rewritten += 1
                 return self.builder_.call_te(_split_last, call.args[0], heads, head_dim,
                                              primfunc_name_hint="split_heads")
-        if len(src) == len(dst) + 1 and _same_dims(src[:-2], dst[:-1]):
+        if len(src) == len(dst) + 1 and same_dims(src[:-2], dst[:-1]):
             heads, head_dim, width = _const_int(src[-2]), _const_int(src[-1]), _const_int(dst[-1])
             if None not in (heads, head_dim, width) and heads * head_dim == width:
                 self.rewritten += 1

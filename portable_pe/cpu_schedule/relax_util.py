@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+import tvm
 from tvm import relax
 from tvm.ir import IRModule
 
@@ -18,6 +19,12 @@ def _tensor_type(expr):
     if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
         return None
     return str(ty.dtype), list(ty.shape.values)
+
+
+def same_dims(a, b) -> bool:
+    """Two shapes of one rank whose dims are provably equal, one by one (symbolic ones too)."""
+    ana = tvm.sym.Analyzer()
+    return len(a) == len(b) and all(ana.can_prove_equal(x, y) for x, y in zip(a, b))
 
 
 def _mutate_relax_functions(mutator: relax.PyExprMutator, mod: IRModule, *,
