@@ -15,6 +15,13 @@ they are: ``out[..., h, d] = x[..., h*Dh + d]`` for a head split,
 a static axis as a strided_slice. FuseOps then folds them into their neighbours (the
 RoPE kernel, the transposes). Fully static functions are left alone: there TOPI's
 reshape is already injective, and tuned workloads were hashed from that form.
+
+A take of consecutive constant indices is a slice too: DINOv3's export picks the CLS and
+register tokens out of each head's rows with ``Gather(indices=[0, 1, 2, 3, 4])`` before the
+patch tokens are rotated. TOPI's take loads through the index tensor, which the pattern
+analysis calls opaque, so the head split feeding both the take and the rotation stayed a
+kernel of its own (a pass over q and one over k per layer); as a strided_slice the split,
+the prefix, the rotation and their concatenation are one kernel.
 """
 
 from __future__ import annotations
@@ -56,6 +63,8 @@ class _HeadReshapeRewriter(relax.PyExprMutator):  # pylint: disable=abstract-met
 
     def visit_call_(self, call):  # pylint: disable=arguments-renamed
         call = super().visit_call_(call)
+        if getattr(call.op, "name", None) == "relax.take":
+            return self._take_as_slice(call)
         if getattr(call.op, "name", None) != "relax.reshape":
             return call
         src, dst = _shape(call.args[0]), _shape(call)
@@ -74,6 +83,24 @@ class _HeadReshapeRewriter(relax.PyExprMutator):  # pylint: disable=abstract-met
                 return self.builder_.call_te(_merge_last, call.args[0], head_dim,
                                              primfunc_name_hint="merge_heads")
         return call
+
+    def _take_as_slice(self, call):
+        """take(x, [a, a + 1, ..., b - 1], axis) as x[a:b] on that axis, x symbolic. Both
+        trust the indices to be in range: Relax legalizes take in TOPI's "fast" mode (no
+        bounds check), and the slice is told assume_inbound; the analyzer could not prove it
+        here anyway (the token count is a fresh variable by now: dim_vars)."""
+        indices, src = call.args[1], _shape(call.args[0])
+        if not isinstance(indices, tvm.ir.GenericConst) or src is None or not _symbolic(src):
+            return call
+        values = indices.value.numpy()
+        if values.ndim != 1 or not values.size or values.dtype.kind not in "iu" or values[0] < 0:
+            return call
+        begin, end = int(values[0]), int(values[0]) + values.size
+        if (values != range(begin, end)).any():
+            return call
+        axis = int(call.attrs.axis) % len(src)
+        self.rewritten += 1
+        return relax.op.strided_slice(call.args[0], axes=[axis], begin=[begin], end=[end], assume_inbound=True)
 
     def visit_tuple_getitem_(self, op):  # pylint: disable=arguments-renamed
         op = super().visit_tuple_getitem_(op)
