@@ -75,6 +75,119 @@ def test_the_named_graph_runs_and_a_wrong_shape_fails_loudly():
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+def _prefix_slice_module():
+    """The stem's tokens (2 prefix rows + the patches), then the patches alone sliced back out
+    and scaled by a per-patch table: DINOv3's patch tokens before its 2D RoPE."""
+    h, w = tirx.Var("h", "int64"), tirx.Var("w", "int64")
+    x = relax.Var("x", relax.TensorType([1, 8, h, w], "float32"))
+    table = relax.Var("table", relax.TensorType([(h // 4) * (w // 4), 16], "float32"))
+    rng = np.random.default_rng(0)
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, table]):
+        with bb.dataflow():
+            grid = bb.emit(relax.op.nn.conv2d(x, relax.const(rng.standard_normal((16, 8, 4, 4)).astype("float32")),
+                                              strides=4))
+            rows = bb.emit(relax.op.permute_dims(relax.op.reshape(grid, [1, 16, (h // 4) * (w // 4)]), [0, 2, 1]))
+            tokens = bb.emit(relax.op.concat([relax.const(np.ones((1, 2, 16), "float32")), rows], axis=1))
+            tokens = bb.emit(relax.op.add(tokens, relax.const(np.float32(1.0))))
+            patches = bb.emit(relax.op.strided_slice(tokens, [1], [2], [tokens.ty.shape.values[1]],
+                                                     assume_inbound=True))
+            out = bb.emit_output(relax.op.multiply(patches, table))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_a_slice_as_long_as_a_named_dim_is_that_dims_length():
+    """x[:, 2:] of the 2 + n tokens is n long; written so, it needs no match_cast, so FuseOps
+    puts the slice in its reader's kernel instead of copying the patches out first."""
+    from portable_pe.backends import get_backend
+    from portable_pe.backends.targets import load_target
+    from portable_pe.cpu_schedule.pipeline import fusion_passes
+    named = name_compound_dims(_prefix_slice_module())
+    slices = [b for block in named["main"].body.blocks for b in block.bindings
+              if isinstance(b, relax.VarBinding) and isinstance(b.value, relax.Call)
+              and getattr(b.value.op, "name", "") == "relax.strided_slice"]
+    assert len(slices) == 1 and isinstance(slices[0].var.ty.shape.values[1], tirx.Var), slices
+    cast_sources = [b.value for block in named["main"].body.blocks for b in block.bindings
+                    if isinstance(b, relax.MatchCast)]
+    assert not any(src.same_as(slices[0].var) for src in cast_sources)
+
+    spec = load_target("llvm")
+    backend = get_backend(spec.backend)
+    target = backend.tvm_target(spec)
+    with target:
+        fused = tvm.transform.Sequential(fusion_passes())(_prefix_slice_module())
+    kernels = [gv.name_hint for gv, f in fused.functions_items() if isinstance(f, tirx.PrimFunc)]
+    # (the stem's own strided_slice, the pixels cut to whole patches, is a kernel of its own)
+    assert [k for k in kernels if "strided_slice" in k and "multiply" in k], kernels
+
+    run = relax.VirtualMachine(tvm.compile(_prefix_slice_module(), target=target,
+                                           relax_pipeline=backend.relax_pipeline(target)), tvm.cpu())["main"]
+    rng = np.random.default_rng(2)
+    for h, w in ((8, 12), (16, 16)):
+        x = rng.standard_normal((1, 8, h, w)).astype("float32")
+        table = rng.standard_normal(((h // 4) * (w // 4), 16)).astype("float32")
+        got = run(tvm.runtime.tensor(x), tvm.runtime.tensor(table)).numpy()
+        weight = np.random.default_rng(0).standard_normal((16, 8, 4, 4)).astype("float32")
+        patches = x[:, :, :h // 4 * 4, :w // 4 * 4].reshape(1, 8, h // 4, 4, w // 4, 4)
+        grid = np.einsum("bchpwq,ocpq->bhwo", patches, weight).reshape(1, -1, 16)  # numpy's own conv
+        np.testing.assert_allclose(got, (grid + 1.0) * table, rtol=1e-4, atol=1e-4)
+
+
+def _prefix_transpose_module():
+    """The stem's tokens (2 prefix rows + the patches) scaled, then transposed: DINOv3's keys
+    (prefix beside the rotated patches) on their way to Kᵀ."""
+    h, w = tirx.Var("h", "int64"), tirx.Var("w", "int64")
+    x = relax.Var("x", relax.TensorType([1, 8, h, w], "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            grid = bb.emit(relax.op.nn.conv2d(x, relax.const(np.random.default_rng(0).standard_normal(
+                (16, 8, 4, 4)).astype("float32")), strides=4))
+            rows = bb.emit(relax.op.permute_dims(relax.op.reshape(grid, [1, 16, (h // 4) * (w // 4)]), [0, 2, 1]))
+            scaled = bb.emit(relax.op.multiply(rows, relax.const(np.float32(3.0))))
+            keys = bb.emit(relax.op.concat([relax.const(np.ones((1, 2, 16), "float32")), scaled], axis=1))
+            keys_t = bb.emit(relax.op.permute_dims(keys, [0, 2, 1]))
+            out = bb.emit_output(relax.op.sum(keys_t, axis=[1]))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_a_cast_waits_for_the_transpose_that_is_its_values_one_use():
+    """concat(prefix, patches) is inferred 2 + n long where the token count's name is n'; the
+    match_cast goes after the transpose that reads it, so the two fuse into one kernel."""
+    from portable_pe.backends import get_backend
+    from portable_pe.backends.targets import load_target
+    from portable_pe.cpu_schedule.pipeline import fusion_passes
+    named = name_compound_dims(_prefix_transpose_module())
+    bindings = [b for block in named["main"].body.blocks for b in block.bindings]
+    cast_of = {b.value: b.var for b in bindings if isinstance(b, relax.MatchCast)}
+    concat = [b for b in bindings if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "") == "relax.concat"]
+    assert len(concat) == 1 and concat[0].var not in cast_of, concat
+    last = [b for b in bindings if isinstance(b.value, relax.Call)
+            and getattr(b.value.op, "name", "") == "relax.permute_dims"][-1]
+    assert last.var in cast_of  # the transpose's result is named, and checked at run time
+    assert isinstance(cast_of[last.var].ty.shape.values[2], tirx.Var)
+
+    spec = load_target("llvm")
+    backend = get_backend(spec.backend)
+    target = backend.tvm_target(spec)
+    with target:
+        fused = tvm.transform.Sequential(fusion_passes())(_prefix_transpose_module())
+    kernels = [gv.name_hint for gv, f in fused.functions_items() if isinstance(f, tirx.PrimFunc)]
+    assert [k for k in kernels if "transpose" in k.partition("concatenate")[2]], kernels
+
+    run = relax.VirtualMachine(tvm.compile(_prefix_transpose_module(), target=target,
+                                           relax_pipeline=backend.relax_pipeline(target)), tvm.cpu())["main"]
+    weight = np.random.default_rng(0).standard_normal((16, 8, 4, 4)).astype("float32")
+    for h, w in ((8, 12), (12, 4)):
+        x = np.random.default_rng(h).standard_normal((1, 8, h, w)).astype("float32")
+        patches = x.reshape(1, 8, h // 4, 4, w // 4, 4)
+        grid = np.einsum("bchpwq,ocpq->bhwo", patches, weight).reshape(1, -1, 16)  # numpy's own conv
+        want = np.concatenate([np.ones((1, 2, 16), "float32"), grid * 3.0], axis=1).transpose(0, 2, 1).sum(axis=1)
+        np.testing.assert_allclose(run(tvm.runtime.tensor(x)).numpy(), want, rtol=1e-4, atol=1e-4)
+
+
 def test_affine_graphs_are_left_alone():
     """A text graph's T and a KV cache's past + T are already what the kernels want."""
     t, past = tirx.Var("T", "int64"), tirx.Var("past", "int64")

@@ -21,6 +21,13 @@ a scalar ("All shape inputs are expected to be single tirx var"), so every dim t
 a variable or a constant is named, ``n + 5`` included; and where TVM still cannot fuse the
 named module (seen on two Hugging Face exports, Pixtral and BEiT), WithNamedDims runs the
 fusion passes on the module as imported instead: slower kernels, the same numbers.
+
+A match_cast is also where FuseOps stops, so two places avoid one: a slice whose length is
+a named dim ends at ``begin + name`` (then Relax infers the name itself), and a value whose
+one reader is a transpose leaves the cast to the transpose's result (the two then fuse).
+Both come from DINOv3's prefix tokens around its 2D RoPE; with both, and its prefix take as
+a slice (head_reshapes), each layer's q and k head split, rotation and Kᵀ are two kernels
+where they were seven.
 """
 
 from __future__ import annotations
@@ -36,6 +43,9 @@ logger = logging.getLogger(__package__)
 
 #: calls of PrimFuncs whose buffer shapes were fixed when they were made
 _PRIM_FUNC_CALLS = ("relax.call_tir", "relax.call_tir_inplace", "relax.call_dps_packed")
+
+_STRIDED_SLICE = tvm.ir.Op.get("relax.strided_slice")
+_PERMUTE_DIMS = tvm.ir.Op.get("relax.permute_dims")
 
 _BINARY = (tirx.Add, tirx.Sub, tirx.Mul, tirx.FloorDiv, tirx.FloorMod, tirx.Min, tirx.Max, tirx.Div, tirx.Mod)
 
@@ -76,6 +86,25 @@ class _Names:
         self.vars.append(var)
         return var
 
+    def expand(self, dim):
+        """`dim` in the input dims: each variable replaced by the expression it names (itself
+        written with the names before it)."""
+        if isinstance(dim, _BINARY):
+            a, b = self.expand(dim.a), self.expand(dim.b)
+            return dim if a.same_as(dim.a) and b.same_as(dim.b) else type(dim)(a, b)
+        for expr, var in zip(self.exprs, self.vars):
+            if dim.same_as(var):
+                return self.expand(expr)
+        return dim
+
+    def named_as(self, dim):
+        """The variable that names the value of `dim`, if one does."""
+        value = self.analyzer.simplify(self.expand(dim))
+        for expr, var in zip(self.exprs, self.vars):
+            if structural_equal(value, self.analyzer.simplify(self.expand(expr))):
+                return var
+        return None
+
 
 def _type_with(ty, rewrite):
     if isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr):
@@ -98,6 +127,8 @@ class _NameCompoundDims(PyExprMutator):
     def __init__(self, mod):
         super().__init__(mod)
         self.names = _Names()
+        #: bindings whose one use is a transpose: their match_cast waits for it (visit_var_binding_)
+        self.cast_after_transpose: set = set()
 
     def visit_shape_expr_(self, op):
         values = [self.names.canonical(v) for v in op.values]
@@ -119,10 +150,36 @@ class _NameCompoundDims(PyExprMutator):
         call = super().visit_call_(op)
         # TVM 0.27: a scalar argument is a bare PrimExpr (no PrimValue node)
         args = [self.names.canonical(a) if tvm.ir.is_prim_expr(a) else a for a in call.args]
+        if call.op.same_as(_STRIDED_SLICE):
+            args = self._slice_ends_by_length(args)
         ty_args = [_type_with(t, self.names.canonical) for t in call.ty_args]
         if all(a.same_as(b) for a, b in zip([*args, *ty_args], [*call.args, *call.ty_args])):
             return call
         return relax.Call(call.op, args, call.attrs, ty_args, call.span)
+
+    def _slice_ends_by_length(self, args):
+        """A slice whose length is a named dim gets its end written as begin + that name.
+
+        DINOv3's patch tokens are ``x[:, :, 5:n3]`` with ``n3`` naming ``H // 16 * (W // 16)
+        + 5``: Relax infers the length as ``n3 - 5``, which is not the patch count's name
+        ``n2``, so the binding would take a match_cast, and FuseOps fuses nothing across one:
+        the slice stayed a copy of its own (1.2% of DINOv3-S at B = 8). Ended at ``5 + n2``,
+        the slice is inferred as ``n2`` long and fuses into the rotation that reads it."""
+        axes, begins, ends = args[1:4]
+        strides = args[4] if len(args) > 4 else None
+        if not all(isinstance(t, relax.Tuple) for t in (axes, begins, ends)):
+            return args
+        new_ends = list(ends.fields)
+        for i, (begin, end) in enumerate(zip(begins.fields, ends.fields)):
+            step = strides.fields[i] if isinstance(strides, relax.Tuple) else None
+            if isinstance(end, tirx.IntImm) or (step is not None and not _is_one(step)):
+                continue  # a constant end (or "to the end") is no name's; a stride is not a length
+            length = self.names.named_as(end - begin)
+            if length is not None:
+                new_ends[i] = begin + length
+        if all(a.same_as(b) for a, b in zip(new_ends, ends.fields)):
+            return args
+        return [*args[:3], relax.Tuple(new_ends), *args[4:]]
 
     def _prim_func_call(self, op):
         """A call of a PrimFunc the import made (emit_te): its buffers keep the shapes they
@@ -158,6 +215,15 @@ class _NameCompoundDims(PyExprMutator):
             self.builder_.emit_normalized(relax.VarBinding(new, value))
             self.set_var_remap(binding.var, new)
             return
+        if binding.var in self.cast_after_transpose and all(_is_affine(d) for d in value.ty.shape.values):
+            # DINOv3's keys: concat(prefix, rotated patches) is 5 + n2 long where the name is
+            # n3, and the transpose to Kᵀ reads it. A match_cast between the two keeps FuseOps
+            # from putting the transpose in the rotation's kernel (a copy of K per layer, 0.8%
+            # of the run at B = 8); the transpose's result takes the cast instead
+            new = relax.DataflowVar(binding.var.name, value.ty)
+            self.builder_.emit_normalized(relax.VarBinding(new, value))
+            self.set_var_remap(binding.var, new)
+            return
         # a dim met here for the first time, or a shape the new names hide from Relax's
         # inference ((n4, 32) * (n2, 32) is not provably (n2, 32)): bind it, checked at run time
         made = relax.DataflowVar(binding.var.name + "_dims", value.ty)
@@ -165,6 +231,30 @@ class _NameCompoundDims(PyExprMutator):
         named = relax.DataflowVar(binding.var.name, wanted)
         self.builder_.emit_normalized(relax.MatchCast(named, made, wanted))
         self.set_var_remap(binding.var, named)
+
+
+def _used_once_by_a_transpose(func: relax.Function) -> set:
+    """The dataflow variables of `func` whose one use is a permute_dims' operand."""
+    bindings = {}
+    users: dict = {}
+    for block in func.body.blocks:
+        if not isinstance(block, relax.DataflowBlock):
+            continue
+        bindings.update((b.var, b) for b in block.bindings)
+        for var, uses in relax.analysis.udchain(block).items():
+            users.setdefault(var, []).extend(uses)
+    found = set()
+    for var, uses in users.items():
+        if len(uses) != 1 or uses[0] not in bindings:
+            continue
+        value = bindings[uses[0]].value
+        if isinstance(value, relax.Call) and value.op.same_as(_PERMUTE_DIMS) and value.args[0].same_as(var):
+            found.add(var)
+    return found
+
+
+def _is_one(value) -> bool:
+    return isinstance(value, tirx.IntImm) and value.value == 1
 
 
 def _known_shape(ty) -> bool:
@@ -181,6 +271,7 @@ def name_compound_dims(mod: tvm.IRModule) -> tvm.IRModule:
     mutator_ = _NameCompoundDims(mod)
     for gv, func in mod.functions_items():
         if isinstance(func, relax.Function):
+            mutator_.cast_after_transpose = _used_once_by_a_transpose(func)
             mod[gv] = mutator_.visit_expr(func)
     return mod
 
