@@ -59,11 +59,7 @@ def test_every_dim_after_the_first_is_a_variable_or_a_constant():
 
 
 def test_the_named_graph_runs_and_a_wrong_shape_fails_loudly():
-    from portable_pe.backends import get_backend
-    from portable_pe.backends.targets import load_target
-    spec = load_target("llvm")
-    backend = get_backend(spec.backend)
-    target = backend.tvm_target(spec)
+    backend, target = _llvm()
     plain, named = _stem_module(), name_compound_dims(_stem_module())
     run = {name: relax.VirtualMachine(tvm.compile(mod, target=target, relax_pipeline=backend.relax_pipeline(target)),
                                       tvm.cpu())["main"] for name, mod in (("plain", plain), ("named", named))}
@@ -73,6 +69,26 @@ def test_the_named_graph_runs_and_a_wrong_shape_fails_loudly():
         want, got = run["plain"](x).numpy(), run["named"](x).numpy()
         assert got.shape == want.shape == (1, 2 + (h // 4) * (w // 4), 32)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _llvm():
+    """(backend, tvm target) for this machine's llvm target."""
+    from portable_pe.backends import get_backend
+    from portable_pe.backends.targets import load_target
+    spec = load_target("llvm")
+    backend = get_backend(spec.backend)
+    return backend, backend.tvm_target(spec)
+
+
+def _fused_kernels_and_main(make_module):
+    """The kernel names the CPU fusion passes make of ``make_module()``, and its main compiled."""
+    from portable_pe.cpu_schedule.pipeline import fusion_passes
+    backend, target = _llvm()
+    with target:
+        fused = tvm.transform.Sequential(fusion_passes())(make_module())
+    kernels = [gv.name_hint for gv, f in fused.functions_items() if isinstance(f, tirx.PrimFunc)]
+    built = tvm.compile(make_module(), target=target, relax_pipeline=backend.relax_pipeline(target))
+    return kernels, relax.VirtualMachine(built, tvm.cpu())["main"]
 
 
 def _prefix_slice_module():
@@ -100,9 +116,6 @@ def _prefix_slice_module():
 def test_a_slice_as_long_as_a_named_dim_is_that_dims_length():
     """x[:, 2:] of the 2 + n tokens is n long; written so, it needs no match_cast, so FuseOps
     puts the slice in its reader's kernel instead of copying the patches out first."""
-    from portable_pe.backends import get_backend
-    from portable_pe.backends.targets import load_target
-    from portable_pe.cpu_schedule.pipeline import fusion_passes
     named = name_compound_dims(_prefix_slice_module())
     slices = [b for block in named["main"].body.blocks for b in block.bindings
               if isinstance(b, relax.VarBinding) and isinstance(b.value, relax.Call)
@@ -112,17 +125,9 @@ def test_a_slice_as_long_as_a_named_dim_is_that_dims_length():
                     if isinstance(b, relax.MatchCast)]
     assert not any(src.same_as(slices[0].var) for src in cast_sources)
 
-    spec = load_target("llvm")
-    backend = get_backend(spec.backend)
-    target = backend.tvm_target(spec)
-    with target:
-        fused = tvm.transform.Sequential(fusion_passes())(_prefix_slice_module())
-    kernels = [gv.name_hint for gv, f in fused.functions_items() if isinstance(f, tirx.PrimFunc)]
+    kernels, run = _fused_kernels_and_main(_prefix_slice_module)
     # (the stem's own strided_slice, the pixels cut to whole patches, is a kernel of its own)
     assert [k for k in kernels if "strided_slice" in k and "multiply" in k], kernels
-
-    run = relax.VirtualMachine(tvm.compile(_prefix_slice_module(), target=target,
-                                           relax_pipeline=backend.relax_pipeline(target)), tvm.cpu())["main"]
     rng = np.random.default_rng(2)
     for h, w in ((8, 12), (16, 16)):
         x = rng.standard_normal((1, 8, h, w)).astype("float32")
@@ -156,9 +161,6 @@ def _prefix_transpose_module():
 def test_a_cast_waits_for_the_transpose_that_is_its_values_one_use():
     """concat(prefix, patches) is inferred 2 + n long where the token count's name is n'; the
     match_cast goes after the transpose that reads it, so the two fuse into one kernel."""
-    from portable_pe.backends import get_backend
-    from portable_pe.backends.targets import load_target
-    from portable_pe.cpu_schedule.pipeline import fusion_passes
     named = name_compound_dims(_prefix_transpose_module())
     bindings = [b for block in named["main"].body.blocks for b in block.bindings]
     cast_of = {b.value: b.var for b in bindings if isinstance(b, relax.MatchCast)}
@@ -169,16 +171,8 @@ def test_a_cast_waits_for_the_transpose_that_is_its_values_one_use():
     assert last.var in cast_of  # the transpose's result is named, and checked at run time
     assert isinstance(cast_of[last.var].ty.shape.values[2], tirx.Var)
 
-    spec = load_target("llvm")
-    backend = get_backend(spec.backend)
-    target = backend.tvm_target(spec)
-    with target:
-        fused = tvm.transform.Sequential(fusion_passes())(_prefix_transpose_module())
-    kernels = [gv.name_hint for gv, f in fused.functions_items() if isinstance(f, tirx.PrimFunc)]
+    kernels, run = _fused_kernels_and_main(_prefix_transpose_module)
     assert [k for k in kernels if "transpose" in k.partition("concatenate")[2]], kernels
-
-    run = relax.VirtualMachine(tvm.compile(_prefix_transpose_module(), target=target,
-                                           relax_pipeline=backend.relax_pipeline(target)), tvm.cpu())["main"]
     weight = np.random.default_rng(0).standard_normal((16, 8, 4, 4)).astype("float32")
     for h, w in ((8, 12), (12, 4)):
         x = np.random.default_rng(h).standard_normal((1, 8, h, w)).astype("float32")
