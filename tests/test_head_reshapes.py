@@ -13,7 +13,7 @@ from tvm import relax, tirx  # noqa: E402
 from portable_pe.cpu_schedule.head_reshapes import FusableHeadReshapes  # noqa: E402
 
 
-def _prefix_module(indices, seq=None):
+def _prefix_module(indices, seq=None, mode="fast"):
     """x [1, T, 4, 8] -> heads [1, 4, T, 8] -> take(heads, indices, axis=2) and the heads
     scaled, concatenated on the token axis (DINOv3's CLS/register tokens beside its rotated
     patch tokens)."""
@@ -23,7 +23,8 @@ def _prefix_module(indices, seq=None):
     with bb.function("main", [x]):
         with bb.dataflow():
             heads = bb.emit(relax.op.permute_dims(x, [0, 2, 1, 3]))
-            prefix = bb.emit(relax.op.take(heads, relax.const(np.asarray(indices, "int64")), axis=2))
+            prefix = bb.emit(relax.op.take(heads, relax.const(np.asarray(indices, "int64")), axis=2,
+                                                mode=mode))
             scaled = bb.emit(relax.op.multiply(heads, relax.const(np.float32(2.0))))
             out = bb.emit_output(relax.op.concat([prefix, scaled], axis=2))
         bb.emit_func_output(out)
@@ -43,6 +44,12 @@ def test_only_a_run_of_consecutive_indices_is_a_slice(indices, sliced):
     ops = _ops(FusableHeadReshapes()(_prefix_module(indices)))
     assert ("relax.take" not in ops) == sliced, ops
     assert ("relax.strided_slice" in ops) == sliced, ops
+
+
+def test_a_take_that_defines_out_of_range_indices_is_left_alone():
+    """"clip" and "wrap" say what an index past the axis gives; a slice cannot say it."""
+    for mode in ("clip", "wrap"):
+        assert "relax.take" in _ops(FusableHeadReshapes()(_prefix_module([0, 1], mode=mode)))
 
 
 def test_a_static_graph_is_left_alone():

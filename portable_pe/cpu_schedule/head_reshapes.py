@@ -85,12 +85,14 @@ class _HeadReshapeRewriter(relax.PyExprMutator):  # pylint: disable=abstract-met
         return call
 
     def _take_as_slice(self, call):
-        """take(x, [a, a + 1, ..., b - 1], axis) as x[a:b] on that axis, x symbolic. Both
-        trust the indices to be in range: Relax legalizes take in TOPI's "fast" mode (no
-        bounds check), and the slice is told assume_inbound; the analyzer could not prove it
-        here anyway (the token count is a fresh variable by now: dim_vars)."""
+        """take(x, [a, a + 1, ..., b - 1], axis) as x[a:b] on that axis, x symbolic. Only a
+        take in "fast" mode (the ONNX importer's): it trusts its indices to be in range, as
+        the slice is told to (assume_inbound); "clip" and "wrap" define what lies past the
+        axis, a slice does not. (The analyzer could not prove the range here anyway: the
+        token count is a fresh variable by now, dim_vars.)"""
         indices, src = call.args[1], _shape(call.args[0])
-        if not isinstance(indices, tvm.ir.GenericConst) or src is None or not _symbolic(src):
+        if not isinstance(indices, tvm.ir.GenericConst) or src is None or not _symbolic(src) \
+                or str(call.attrs.mode) != "fast":
             return call
         values = indices.value.numpy()
         if values.ndim != 1 or not values.size or values.dtype.kind not in "iu" or values[0] < 0:
