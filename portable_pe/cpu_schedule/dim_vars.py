@@ -172,8 +172,11 @@ class _NameCompoundDims(PyExprMutator):
         new_ends = list(ends.fields)
         for i, (begin, end) in enumerate(zip(begins.fields, ends.fields)):
             step = strides.fields[i] if isinstance(strides, relax.Tuple) else None
-            if isinstance(end, tirx.IntImm) or (step is not None and not _is_one(step)):
-                continue  # a constant end (or "to the end") is no name's; a stride is not a length
+            if isinstance(end, tirx.IntImm) or (step is not None and not _is_one(step)) \
+                    or (isinstance(begin, tirx.IntImm) and begin.value < 0):
+                # a constant end (or "to the end") is no name's; with a stride, or a begin
+                # counted from the end, the length is not end - begin
+                continue
             length = self.names.named_as(end - begin)
             if length is not None:
                 new_ends[i] = begin + length
@@ -215,7 +218,8 @@ class _NameCompoundDims(PyExprMutator):
             self.builder_.emit_normalized(relax.VarBinding(new, value))
             self.set_var_remap(binding.var, new)
             return
-        if binding.var in self.cast_after_transpose and all(_is_affine(d) for d in value.ty.shape.values):
+        if binding.var in self.cast_after_transpose and _known_shape(value.ty) \
+                and all(_is_affine(d) for d in value.ty.shape.values):
             # DINOv3's keys: concat(prefix, rotated patches) is 5 + n2 long where the name is
             # n3, and the transpose to Kᵀ reads it. A match_cast between the two keeps FuseOps
             # from putting the transpose in the rotation's kernel (a copy of K per layer, 0.8%
