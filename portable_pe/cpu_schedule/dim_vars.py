@@ -27,7 +27,9 @@ a named dim ends at ``begin + name`` (then Relax infers the name itself), and a 
 one reader is a transpose leaves the cast to the transpose's result (the two then fuse).
 Both come from DINOv3's prefix tokens around its 2D RoPE; with both, and its prefix take as
 a slice (head_reshapes), each layer's q and k head split, rotation and Kᵀ are two kernels
-where they were seven.
+where they were seven. Where FuseTIR refuses what they make (our learned, sin-cos and
+relative-bias ViTs refuse the first: _slice_ends_by_length says why), WithNamedDims names
+the module again without them, one at a time.
 """
 
 from __future__ import annotations
@@ -124,9 +126,11 @@ def _type_with(ty, rewrite):
 
 @mutator
 class _NameCompoundDims(PyExprMutator):
-    def __init__(self, mod):
+    def __init__(self, mod, slice_lengths: bool = True):
         super().__init__(mod)
         self.names = _Names()
+        #: whether slices get their ends written by length (_slice_ends_by_length)
+        self.slice_lengths = slice_lengths
         #: bindings whose one use is a transpose: their match_cast waits for it (visit_var_binding_)
         self.cast_after_transpose: set = set()
 
@@ -150,7 +154,7 @@ class _NameCompoundDims(PyExprMutator):
         call = super().visit_call_(op)
         # TVM 0.27: a scalar argument is a bare PrimExpr (no PrimValue node)
         args = [self.names.canonical(a) if tvm.ir.is_prim_expr(a) else a for a in call.args]
-        if call.op.same_as(_STRIDED_SLICE):
+        if self.slice_lengths and call.op.same_as(_STRIDED_SLICE):
             args = self._slice_ends_by_length(args)
         ty_args = [_type_with(t, self.names.canonical) for t in call.ty_args]
         if all(a.same_as(b) for a, b in zip([*args, *ty_args], [*call.args, *call.ty_args])):
@@ -164,7 +168,13 @@ class _NameCompoundDims(PyExprMutator):
         + 5``: Relax infers the length as ``n3 - 5``, which is not the patch count's name
         ``n2``, so the binding would take a match_cast, and FuseOps fuses nothing across one:
         the slice stayed a copy of its own (1.2% of DINOv3-S at B = 8). Ended at ``5 + n2``,
-        the slice is inferred as ``n2`` long and fuses into the rotation that reads it."""
+        the slice is inferred as ``n2`` long and fuses into the rotation that reads it.
+
+        Where no buffer of the kernel it fuses into has ``n2`` as a dim of its own (our ViTs
+        with learned or sin-cos positions split the patch tokens off and concatenate them
+        back unrotated), FuseTIR needs ``n2`` as a shape input and refuses ("All shape
+        inputs are expected to be single tirx var"): WithNamedDims then names the module
+        again without this rewrite."""
         axes, begins, ends = args[1:4]
         strides = args[4] if len(args) > 4 else None
         if not all(isinstance(t, relax.Tuple) for t in (axes, begins, ends)):
@@ -265,17 +275,20 @@ def _known_shape(ty) -> bool:
     return isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr)
 
 
-def name_compound_dims(mod: tvm.IRModule) -> tvm.IRModule:
+def name_compound_dims(mod: tvm.IRModule, slice_lengths: bool = True,
+                       casts_after_transposes: bool = True) -> tvm.IRModule:
     """`mod` with each tensor dim that is not a variable or a constant bound to a variable
     of its own where it first appears (the module docstring says why), if some dim is not
-    affine in the input dims; `mod` itself otherwise (text graphs: ``T``, ``past + T``)."""
+    affine in the input dims; `mod` itself otherwise (text graphs: ``T``, ``past + T``).
+    `slice_lengths` and `casts_after_transposes` turn on the two rewrites that avoid a
+    match_cast (the module docstring)."""
     if not _has_compound_dims(mod):
         return mod
     mod = mod.clone()
-    mutator_ = _NameCompoundDims(mod)
+    mutator_ = _NameCompoundDims(mod, slice_lengths)
     for gv, func in mod.functions_items():
         if isinstance(func, relax.Function):
-            mutator_.cast_after_transpose = _used_once_by_a_transpose(func)
+            mutator_.cast_after_transpose = _used_once_by_a_transpose(func) if casts_after_transposes else set()
             mod[gv] = mutator_.visit_expr(func)
     return mod
 
@@ -296,23 +309,31 @@ def _has_compound_dims(mod: tvm.IRModule) -> bool:
 
 @tvm.transform.module_pass(opt_level=0, name="WithNamedDims")
 class WithNamedDims:  # pylint: disable=too-few-public-methods
-    """`passes` (the fusion passes) on the module with its compound dims named, or on the
-    module as it came where TVM cannot fuse the named one (the module docstring says why)."""
+    """`passes` (the fusion passes) on the module with its compound dims named; where TVM
+    cannot fuse that, named again without the slice-length rewrite, then without the casts
+    moved after transposes too (as named before those two existed); where it cannot fuse
+    any, on the module as it came (the module docstring says why)."""
+
+    #: (slice_lengths, casts_after_transposes) of each naming tried, and what follows a refusal
+    NAMINGS = (((True, True), "naming it again without slice ends by length"),
+               ((False, True), "naming it again without casts after transposes"),
+               ((False, False), "fusing it as imported"))
 
     def __init__(self, passes):
         self.passes = tvm.transform.Sequential(list(passes))
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        try:
-            named = name_compound_dims(mod)
-        except Exception as err:  # pylint: disable=broad-except  # the plain module is still right
-            logger.info("cpu_schedule: compound dims left as expressions: %s", err)
-            return self.passes(mod)
-        if named.same_as(mod):
-            return self.passes(mod)
-        try:
-            return self.passes(named)
-        except Exception as err:  # pylint: disable=broad-except
-            first = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
-            logger.info("cpu_schedule: TVM cannot fuse the module with named dims (%s); fusing it as imported", first)
-            return self.passes(mod)
+        for (slice_lengths, casts_after_transposes), then in self.NAMINGS:
+            try:
+                named = name_compound_dims(mod, slice_lengths, casts_after_transposes)
+            except Exception as err:  # pylint: disable=broad-except  # the plain module is still right
+                logger.info("cpu_schedule: compound dims left as expressions: %s", err)
+                return self.passes(mod)
+            if named.same_as(mod):
+                return self.passes(mod)
+            try:
+                return self.passes(named)
+            except Exception as err:  # pylint: disable=broad-except
+                first = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+                logger.info("cpu_schedule: TVM cannot fuse the module with named dims (%s); %s", first, then)
+        return self.passes(mod)
