@@ -41,6 +41,8 @@ from tvm_ffi import structural_equal
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from .tir_util import _const_int
+
 logger = logging.getLogger(__package__)
 
 #: calls of PrimFuncs whose buffer shapes were fixed when they were made
@@ -182,7 +184,7 @@ class _NameCompoundDims(PyExprMutator):
         new_ends = list(ends.fields)
         for i, (begin, end) in enumerate(zip(begins.fields, ends.fields)):
             step = strides.fields[i] if isinstance(strides, relax.Tuple) else None
-            if isinstance(end, tirx.IntImm) or (step is not None and not _is_one(step)) \
+            if isinstance(end, tirx.IntImm) or (step is not None and _const_int(step) != 1) \
                     or (isinstance(begin, tirx.IntImm) and begin.value < 0):
                 # a constant end (or "to the end") is no name's; with a stride, or a begin
                 # counted from the end, the length is not end - begin
@@ -267,10 +269,6 @@ def _used_once_by_a_transpose(func: relax.Function) -> set:
     return found
 
 
-def _is_one(value) -> bool:
-    return isinstance(value, tirx.IntImm) and value.value == 1
-
-
 def _known_shape(ty) -> bool:
     return isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr)
 
@@ -323,6 +321,7 @@ class WithNamedDims:  # pylint: disable=too-few-public-methods
         self.passes = tvm.transform.Sequential(list(passes))
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        refused = None  # the named module TVM could not fuse last
         for (slice_lengths, casts_after_transposes), then in self.NAMINGS:
             try:
                 named = name_compound_dims(mod, slice_lengths, casts_after_transposes)
@@ -331,9 +330,12 @@ class WithNamedDims:  # pylint: disable=too-few-public-methods
                 return self.passes(mod)
             if named.same_as(mod):
                 return self.passes(mod)
+            if refused is not None and structural_equal(named, refused):
+                continue  # the rewrite left out had not fired: the same module, refused again
             try:
                 return self.passes(named)
             except Exception as err:  # pylint: disable=broad-except
+                refused = named
                 first = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
                 logger.info("cpu_schedule: TVM cannot fuse the module with named dims (%s); %s", first, then)
         return self.passes(mod)
