@@ -16,8 +16,10 @@ from tvm.script import tirx as T
 
 from portable_pe.cpu_schedule import cpu_pipeline, fusion_passes
 from portable_pe.cpu_schedule.attention import _fast_exp
+from portable_pe.host_cpu import cpu_flags
 
 HOST = tvm.target.Target({"kind": "llvm", "num-cores": 2})
+AVX512 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
 H, D, SCALE = 2, 16, 0.25
 
 
@@ -29,13 +31,13 @@ def _reference(q, k, v, bias=None, axis=-1):
     return (e / e.sum(axis=axis, keepdims=True)) @ v.astype(np.float64)
 
 
-def _attention(bias: tuple | None = None, *, bias_first: bool = False, axis: int = -1):
+def _attention(bias: tuple | None = None, *, bias_first: bool = False, axis: int = -1, head_dim: int = D):
     """softmax(Q·Kᵀ·SCALE [+ bias], axis) @ V over q, k, v [b, H, t, D] (b, t symbolic).
 
     ``bias`` names the bias dims ("b", "t" or a number), e.g. (H, "t", "t") for a T5 or
     ALiBi table; ``bias_first`` adds it on the left."""
     dims = {"b": tirx.Var("b", "int64"), "t": tirx.Var("t", "int64")}
-    q, k, v = (relax.Var(n, relax.TensorType([dims["b"], H, dims["t"], D], "float32")) for n in "qkv")
+    q, k, v = (relax.Var(n, relax.TensorType([dims["b"], H, dims["t"], head_dim], "float32")) for n in "qkv")
     params = [q, k, v]
     if bias is not None:
         params.append(relax.Var("bias", relax.TensorType([dims.get(d, d) for d in bias], "float32")))
@@ -100,6 +102,30 @@ def test_attention_becomes_one_kernel_and_matches_numpy(form):
             args.append(bias)
         got = vm["main"](*[tvm.runtime.tensor(a, tvm.cpu()) for a in args]).numpy()
         np.testing.assert_allclose(got, _reference(q, k, v, bias), rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.skipif("avx512f" not in cpu_flags(), reason="this CPU has no avx512f")
+@pytest.mark.parametrize("form", ["no-bias", "head-bias"])
+def test_wide_tiles_on_avx512_match_numpy_on_both_sides_of_their_width(form):
+    """Head dim 64 on AVX-512: scores 2 x 32 columns and the output 2 x 32 at a time (the
+    kernel's ``wide``), down to the narrower paths: lengths under 32, between 32 and 64
+    (the one-block path), over 64 with an overlapping last block (77, 130) and exact (64, 128)."""
+    bias_dims, bias_first = BIASES[form]
+    module = _attention(bias_dims, bias_first=bias_first, head_dim=64)
+    with AVX512:
+        fused = tvm.transform.Sequential(fusion_passes())(module)
+    kernel = next(f for gv, f in fused.functions_items() if gv.name_hint.startswith("fused_attention"))
+    assert "acc2" in kernel.script() and "out2" in kernel.script()
+    vm = relax.VirtualMachine(tvm.compile(module, target=AVX512, relax_pipeline=cpu_pipeline(AVX512)), tvm.cpu())
+    rng = np.random.default_rng(3)
+    for b, t in [(1, 1), (2, 20), (1, 40), (2, 64), (1, 77), (1, 128), (2, 130)]:
+        q, k, v = (rng.standard_normal((b, H, t, 64), dtype=np.float32) for _ in range(3))
+        args, bias = [q, k, v], None
+        if bias_dims is not None:
+            bias = rng.standard_normal([{"b": b, "t": t}.get(d, d) for d in bias_dims], dtype=np.float32)
+            args.append(bias)
+        got = vm["main"](*[tvm.runtime.tensor(a, tvm.cpu()) for a in args]).numpy()
+        np.testing.assert_allclose(got, _reference(q, k, v, bias), rtol=1e-5, atol=2e-6, err_msg=f"b={b} t={t}")
 
 
 def test_softmax_over_another_axis_is_left_alone():

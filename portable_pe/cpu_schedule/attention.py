@@ -1,29 +1,15 @@
-"""One kernel for softmax(Q·Kᵀ·scale + bias)·V on the CPU, scores kept in cache.
+"""Attention on the CPU as one kernel: find softmax(Q·Kᵀ·c [+ bias])·V in a Relax
+function and call the fused kernel (attention_tiles.py) instead.
 
-Unfused, attention is three kernels (QK^T with the scale, softmax, P@V) and the
-[B, H, T, S] scores make three round trips through memory: at B=8 T=512 with 4
-heads that is 32 MiB written, read, written and read again per layer, and the two matmuls pad
-copies of their operands because T is symbolic. Here each parallel work item
-takes a block of MI query rows of one (batch, head) and
-
-1. computes their score rows into a [MI, S] scratch (an MI x NJ register tile,
-   one broadcast Q element feeding NJ/lanes FMAs against a contiguous Kᵀ row),
-   adds scale and bias, pads the columns past S with -inf;
-2. turns each row into exp(s - max) in place and keeps 1/sum;
-3. accumulates P·V in an MI x EC register tile and scales it by 1/sum.
-
-The scratch (MI rows of S floats: 14 KiB at S = 512 with AVX-512's MI = 7) stays in
-L1/L2, so the scores never reach memory. This is not online (flash) softmax: the
-whole row is kept, which is fine for encoder lengths (56 KiB at S = 2048).
-The kernel is written scheduled (``tirx.is_scheduled``): the schedule rules and
-MetaSchedule leave it alone.
+Float32 gets attention_tiles' kernel, on AVX-512 with its wide tiles; Q is read where its
+projection wrote it and the output written with the heads merged, where the graph allows
+(head_layouts.py). --precision bf16 (and int8 on AMX) gets bf16_attention's kernel, whose
+two products run on the AMX tiles.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
-import math
 
 import numpy as np
 
@@ -32,132 +18,15 @@ from tvm import relax
 from tvm.ir import IRModule
 
 from . import bf16_attention, bf16_pack_k
+from .attention_tiles import WIDE_LANES, WIDE_TILE_ROWS, attention_kernel
 from .bf16_isa import bf16_kernel
 from .fast_math import _fast_exp  # noqa: F401 (the kernels' exp; tests import it from here)
+from .head_layouts import merged_output, projection_rows
 from .matmul import _register_tile
 from .relax_util import INJECTIVE, OPAQUE, _mutate_relax_functions, _tensor_type, bound_call, mark_op_pattern, rewrite_matmul
-from .softmax_rows import inverse_row_sum_of_lanes, row_max_of_lanes
 from .tir_util import _const_int, _vector_lanes
 
 logger = logging.getLogger(__package__)
-
-
-@functools.lru_cache(maxsize=None)  # parsing the TVMScript takes ~0.15 s; PrimFuncs are immutable
-def attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float, mi: int, nj: int, ec: int,
-                     bias_dims: tuple[str, ...] = ("1",), zero_dead_rows: bool = False):
-    """The fused PrimFunc for static heads / head dims and symbolic batch and lengths.
-
-    ``bias_dims`` names the bias's dims, right-aligned against the scores [B, H, T, S]:
-    "b", "h", "t", "s" for a dim it has, "1" for one it broadcasts (size 1), e.g.
-    ("h", "t", "s") for a T5 or ALiBi table shared by the batch, ("1",) for no bias (a
-    one-element zero). MI x NJ is the score tile, MI x EC the output tile.
-    ``zero_dead_rows``: a row whose scores are all -inf (fully masked) gives zeros, as
-    ``where(isnan(softmax(s)), 0, softmax(s))`` (torch's SDPA decomposition) does, not NaN.
-    """
-    from tvm.script import tirx as T
-
-    H, D, E = heads, qk_dim, v_dim
-
-    def bias_shape(B, Tq, S):  # the bias buffer: the score dims it has, 1 for the others
-        return tuple({"b": B, "h": H, "t": Tq, "s": S, "1": 1}[d] for d in bias_dims)
-
-    def bias_at(b, h, i, j):  # its element for score (b, h, i, j); called while parsing
-        return tuple({"b": b, "h": h, "t": i, "s": j, "1": 0}[d] for d in bias_dims)
-
-    n_ec = E // ec
-    neg_inf = -math.inf
-
-    @T.prim_func(private=True)
-    def fused_attention(q_h: T.handle, kt_h: T.handle, v_h: T.handle, bias_h: T.handle, o_h: T.handle):
-        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-        B = T.int64()
-        Tq = T.int64()
-        S = T.int64()
-        q = T.match_buffer(q_h, (B, H, Tq, D), "float32")
-        kt = T.match_buffer(kt_h, (B, H, D, S), "float32")
-        v = T.match_buffer(v_h, (B, H, S, E), "float32")
-        bias = T.match_buffer(bias_h, bias_shape(B, Tq, S), "float32")
-        o = T.match_buffer(o_h, (B, H, Tq, E), "float32")
-        n_rb = T.meta_var((Tq + (mi - 1)) // mi)
-        # Scalars are inlined (meta_var), not assigned: TVMScript makes an assigned scalar a
-        # one-element buffer (a heap workspace per work item, reloaded in every loop).
-        s_pad = T.meta_var((S + (nj - 1)) // nj * nj)
-        for item in T.parallel(B * H * n_rb):
-            b = T.meta_var(item // (H * n_rb))
-            h = T.meta_var(item // n_rb % H)
-            i0 = T.meta_var(item % n_rb * mi)
-            p = T.decl_buffer((mi, s_pad), "float32")
-            acc = T.decl_buffer((mi, nj), "float32")
-            row_max = T.decl_buffer((mi,), "float32")
-            row_inv = T.decl_buffer((mi,), "float32")
-            lane = T.decl_buffer((nj,), "float32")
-            out = T.decl_buffer((mi, ec), "float32")
-            # 1. scores · scale + bias, NJ columns at a time. The last block ends at S,
-            #    overlapping the one before (whose values it writes again unchanged), so
-            #    every load is a vector in bounds. Per-lane clamped columns (the narrow
-            #    case below) compile to scalar code, MI x NJ x D scalar FMAs per work item
-            #    however narrow the tail: at 224 x 224 (201 tokens, 6 full blocks and 9
-            #    columns) vit_rope_2d's attention took 2.29 ms of its 4 layers with a
-            #    clamped tail, 1.15 ms this way (2 threads).
-            if S >= nj:
-                for jb in range(s_pad // nj):
-                    j0 = T.meta_var(T.min(jb * nj, S - nj))
-                    for r in T.unroll(mi):
-                        for l in T.vectorized(nj):
-                            acc[r, l] = T.float32(0)
-                    for d in range(D):
-                        for r in T.unroll(mi):
-                            for l in T.vectorized(nj):
-                                acc[r, l] = acc[r, l] + q[b, h, T.min(i0 + r, Tq - 1), d] * kt[b, h, d, j0 + l]
-                    for r in T.unroll(mi):
-                        for l in T.vectorized(nj):
-                            p[r, j0 + l] = acc[r, l] * T.float32(scale) + bias[
-                                bias_at(b, h, T.min(i0 + r, Tq - 1), j0 + l)]
-                for r in range(mi):
-                    for l in range(s_pad - S):
-                        p[r, S + l] = T.float32(neg_inf)
-            else:  # fewer columns than one block
-                for r in T.unroll(mi):
-                    for l in T.vectorized(nj):
-                        acc[r, l] = T.float32(0)
-                for d in range(D):
-                    for r in T.unroll(mi):
-                        for l in range(nj):
-                            acc[r, l] = acc[r, l] + q[b, h, T.min(i0 + r, Tq - 1), d] * kt[b, h, d, T.min(l, S - 1)]
-                for r in T.unroll(mi):
-                    for l in range(nj):
-                        p[r, l] = T.if_then_else(
-                            T.Cast("int64", l) < S,
-                            acc[r, l] * T.float32(scale) + bias[bias_at(b, h, T.min(i0 + r, Tq - 1), T.min(l, S - 1))],
-                            T.float32(neg_inf))
-            # 2. p = exp(s - row max) in place, 1/row sum kept
-            for r in range(mi):
-                for l in T.vectorized(nj):
-                    lane[l] = T.float32(neg_inf)
-                for jb in range(s_pad // nj):
-                    for l in T.vectorized(nj):
-                        lane[l] = T.max(lane[l], p[r, jb * nj + l])
-                row_max_of_lanes(row_max, lane, r, nj, zero_dead_rows, 0)
-                for jb in range(s_pad // nj):
-                    for l in T.vectorized(nj):
-                        p[r, jb * nj + l] = _fast_exp(p[r, jb * nj + l] - row_max[r])
-                        lane[l] = lane[l] + p[r, jb * nj + l]
-                inverse_row_sum_of_lanes(row_inv, lane, r, nj, zero_dead_rows, 0)
-            # 3. out = p · v / row sum, EC output columns at a time
-            for c in range(n_ec):
-                for r in T.unroll(mi):
-                    for l in T.vectorized(ec):
-                        out[r, l] = T.float32(0)
-                for j in range(S):
-                    for r in T.unroll(mi):
-                        for l in T.vectorized(ec):
-                            out[r, l] = out[r, l] + p[r, j] * v[b, h, j, c * ec + l]
-                for r in range(mi):
-                    if i0 + r < Tq:
-                        for l in T.vectorized(ec):
-                            o[b, h, i0 + r, c * ec + l] = out[r, l] * row_inv[r]
-
-    return fused_attention
 
 
 # --------------------------------------------------------------------------------------
@@ -183,6 +52,21 @@ class _AttentionFuser(relax.PyExprMutator):  # pylint: disable=abstract-method
         self.injective: set = set()  # the bf16 packs' GlobalVars (mark_op_pattern, once the builder is done)
         self.opaque: set = set()  # bf16_pack_k's kernels: hand-scheduled, FuseOps leaves them alone
         self.fused = 0
+        self.values, self.users = {}, {}  # the block being visited: its bindings, their readers
+        self.binding = None  # the var of the binding being visited
+        self.merged: dict = {}  # a head merge's var -> the kernel's merged output it now is
+
+    def visit_dataflow_block_(self, block):  # pylint: disable=arguments-renamed
+        self.values = {b.var: b.value for b in block.bindings if isinstance(b, relax.VarBinding)}
+        self.users, self.merged = relax.analysis.udchain(block), {}
+        return super().visit_dataflow_block_(block)
+
+    def visit_var_binding_(self, binding):
+        if binding.var in self.merged:  # the kernel wrote this merge already
+            self.set_var_remap(binding.var, self.merged[binding.var])
+            return
+        self.binding = binding.var
+        super().visit_var_binding_(binding)
 
     def _bound(self, expr, op_name: str):
         """The call ``expr`` is bound to, when it is a call of ``op_name``."""
@@ -263,14 +147,29 @@ class _AttentionFuser(relax.PyExprMutator):  # pylint: disable=abstract-method
         if self.amx and bf16_attention.fits(d, e):
             return self._amx_call(q, kt, v, bias, heads, d, e, scale, layout, zero_dead_rows, qs, vs)
         ec = 2 * self.lanes if e % (2 * self.lanes) == 0 else self.lanes
-        key = (heads, d, e, scale, self.mi, self.nj, ec, layout, zero_dead_rows)
+        wide = self.lanes == WIDE_LANES and e % (2 * ec) == 0
+        mi = WIDE_TILE_ROWS if wide else self.mi
+        # Q and the output where the projection and the next dense have them (head_layouts)
+        q_found = projection_rows(self.lookup_binding, q, heads=heads, dim=d, batch=qs[0], length=qs[2])
+        q, q_rows = q_found if q_found is not None else (q, None)
+        merge = merged_output(self.binding, self.values, self.users, heads=heads, dim=e, batch=qs[0], length=qs[2])
+        key = (heads, d, e, scale, mi, self.nj, ec, layout, zero_dead_rows, q_rows, merge is not None, wide)
         if key not in self.kernels:
-            func = attention_kernel(heads=heads, qk_dim=d, v_dim=e, scale=scale, mi=self.mi, nj=self.nj, ec=ec,
-                                    bias_dims=layout, zero_dead_rows=zero_dead_rows)
+            func = attention_kernel(heads=heads, qk_dim=d, v_dim=e, scale=scale, mi=mi, nj=self.nj, ec=ec,
+                                    bias_dims=layout, zero_dead_rows=zero_dead_rows, q_rows=q_rows,
+                                    merged_out=merge is not None, wide=wide)
             self.kernels[key] = self.builder_.add_func(func, "fused_attention")
         self.fused += 1
-        out = relax.TensorType([qs[0], qs[1], qs[2], vs[3]], "float32")
-        return relax.call_tir(self.kernels[key], [q, kt, v, bias], out)
+        if merge is None:
+            out = relax.TensorType([qs[0], qs[1], qs[2], vs[3]], "float32")
+            return relax.call_tir(self.kernels[key], [q, kt, v, bias], out)
+        merged = self.builder_.emit(relax.call_tir(self.kernels[key], [q, kt, v, bias],
+                                                   relax.TensorType([qs[0], qs[2], heads * e], "float32")))
+        self.merged[merge] = merged
+        # the heads-first value the matmul stood for (read by nothing once the merge is
+        # replaced: DeadCodeElimination drops it)
+        per_head = self.builder_.emit(relax.op.reshape(merged, [qs[0], qs[2], heads, e]))
+        return relax.op.permute_dims(per_head, [0, 2, 1, 3])
 
     def _amx_call(self, q, kt, v, bias, heads, d, e, scale, layout, zero_dead_rows, qs, vs):
         bb = self.builder_

@@ -131,7 +131,7 @@ def _item_indices(item, *, batch, heads: int, row_blocks, bias_dims: tuple[str, 
 
 @functools.lru_cache(maxsize=None)
 def amx_attention_kernel(*, heads: int, qk_dim: int, v_dim: int, bias_dims: tuple[str, ...] = ("1",), zero_dead_rows: bool = False):
-    """The fused PrimFunc (same bias and dead-row contract as attention.attention_kernel),
+    """The fused PrimFunc (same bias and dead-row contract as attention_tiles.attention_kernel),
     over the packed operands (Q already scaled by pack_q). The key count ``S`` comes as the
     shape of ``keys``, S bytes (TVM 0.27's call_tir passes no scalars): passing Kᵀ for it
     would keep Kᵀ alive beside its packed copy, and FuseOps could not fuse the pack into

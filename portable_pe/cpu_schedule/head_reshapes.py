@@ -43,6 +43,19 @@ def _symbolic(shape) -> bool:
     return any(_const_int(d) is None for d in shape)
 
 
+def split_bounds(split, width) -> list[int] | None:
+    """The section bounds [0, ..., width] of a relax.split call over an axis `width` long,
+    or None where the width is not a constant or n equal parts do not divide it."""
+    width = _const_int(width)
+    if width is None:
+        return None
+    sections = split.attrs.indices_or_sections
+    if isinstance(sections, (tirx.IntImm, int)):  # n equal parts
+        n = int(sections)
+        return None if width % n else [width // n * i for i in range(n + 1)]
+    return [0, *(int(s) for s in sections), width]
+
+
 def _split_last(x, heads: int, head_dim: int):
     from tvm import te
     shape = [*x.shape[:-1], heads, head_dim]
@@ -114,17 +127,9 @@ class _HeadReshapeRewriter(relax.PyExprMutator):  # pylint: disable=abstract-met
         if src is None or not _symbolic(src):
             return op
         axis = int(split.attrs.axis) % len(src)
-        width = _const_int(src[axis])
-        sections = split.attrs.indices_or_sections
-        if width is None:
+        bounds = split_bounds(split, src[axis])
+        if bounds is None:
             return op
-        if isinstance(sections, (tirx.IntImm, int)):  # n equal parts
-            n = int(sections)
-            if width % n:
-                return op
-            bounds = [width // n * i for i in range(n + 1)]
-        else:
-            bounds = [0, *(int(s) for s in sections), width]
         i = int(op.index)
         self.rewritten += 1
         return relax.op.strided_slice(split.args[0], axes=[axis], begin=[bounds[i]], end=[bounds[i + 1]],

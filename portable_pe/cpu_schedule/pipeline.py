@@ -33,6 +33,7 @@ from .reduction import _schedule_reduction_chain
 from .reshape_views import LEGALIZE_MAP as RESHAPE_VIEWS
 from .small_work import SerialWhenSmall
 from .weight_packing import FoldWeightPacking, MarkConstantWeights, SplitWeightPacking
+from .split_bias import HoistSplitBias
 from .spatial import _schedule_spatial_block, _try_inline_spatial
 from .tir_util import _is_spatial, _loops_are_plain, _root_block, _vector_lanes, without_extern_zero_fills
 
@@ -177,6 +178,8 @@ def fusion_passes(*, fast_math: bool = True, precision: str = "fp32", failures: 
     return [WithNamedDims([
         # a vision stem (conv with stride = kernel) as the matmul it is
         PatchStemAsMatmul,
+        # a split projection's per-part biases before the split, in the dense's epilogue
+        *([HoistSplitBias()] if precision == "fp32" else []),
         # float32 dense layers over batch * seq rows (one row tiling, not one per batch element)
         *([FlattenDenseRows()] if precision == "fp32" else []),
         # dequantize -> matmul with a constant int8 weight (QDQ graphs) as an integer matmul
