@@ -25,20 +25,27 @@ def _weights(rng):
             "out": rng.standard_normal((W, K)).astype("float32") * 0.3}
 
 
-def _encoder_attention(w, *, biased=(True, True, True), v_read_twice=False):
+def _encoder_attention(w, *, biased=(True, True, True), v_read_twice=False, sliced=False):
     """y = merge(softmax(q·kᵀ·SCALE)·v) @ W_out over one split q/k/v projection of x
     [batch, seq, K], each part's bias added after the split (as the shipped encoders
     export it). ``biased``: which parts get their bias; ``v_read_twice``: V's part, before
-    its bias, is also added to the output (a second reader of the split's part)."""
+    its bias, is also added to the output (a second reader of the split's part).
+    ``sliced``: the parts are column slices in the order k, q, v (Q at an offset) instead
+    of a split's parts."""
     x = relax.Var("x", relax.TensorType([tirx.Var("batch", "int64"), tirx.Var("seq", "int64"), K], "float32"))
     batch, seq, _ = x.ty.shape.values
     bb = relax.BlockBuilder()
     with bb.function("main", [x]):
         with bb.dataflow():
-            parts = bb.emit(relax.op.split(bb.emit(relax.op.matmul(x, relax.const(w["qkv"]))), [W, 2 * W], axis=-1))
+            qkv = bb.emit(relax.op.matmul(x, relax.const(w["qkv"])))
+            parts = bb.emit(relax.op.split(qkv, [W, 2 * W], axis=-1))
             heads = []
             for i in range(3):
-                part = bb.emit(relax.TupleGetItem(parts, i))
+                if sliced:  # columns of q, k, v: W.., 0.., 2W..
+                    begin = (W, 0, 2 * W)[i]
+                    part = bb.emit(relax.op.strided_slice(qkv, axes=[2], begin=[begin], end=[begin + W]))
+                else:
+                    part = bb.emit(relax.TupleGetItem(parts, i))
                 if i == 2:
                     v_part = part  # before its bias
                 if biased[i]:
@@ -57,9 +64,10 @@ def _encoder_attention(w, *, biased=(True, True, True), v_read_twice=False):
     return bb.get()
 
 
-def _reference(x, w, *, biased=(True, True, True), v_read_twice=False):
+def _reference(x, w, *, biased=(True, True, True), v_read_twice=False, sliced=False):
     qkv = x.astype(np.float64) @ w["qkv"]
-    parts = [qkv[..., i * W:(i + 1) * W] + (w["bias"][i * W:(i + 1) * W] if biased[i] else 0) for i in range(3)]
+    begins = (W, 0, 2 * W) if sliced else (0, W, 2 * W)
+    parts = [qkv[..., b:b + W] + (w["bias"][i * W:(i + 1) * W] if biased[i] else 0) for i, b in enumerate(begins)]
     b, t, _ = x.shape
     q, k, v = (p.reshape(b, t, H, D).transpose(0, 2, 1, 3) for p in parts)
     s = q @ k.transpose(0, 1, 3, 2) * SCALE
@@ -116,4 +124,17 @@ def test_a_split_the_bias_rule_leaves_alone_still_computes_the_graph(form):
     kernels = _kernels(mod)
     assert not [n for n in kernels if n.startswith("fused_matmul_add")], sorted(kernels)
     assert len([n for n in kernels if n.startswith("fused_attention")]) == 1, sorted(kernels)
+    _check_numbers(mod, w, **form)
+
+
+def test_q_sliced_out_of_the_projection_is_read_at_its_offset():
+    """Q as a slice of the projection's columns (W onward, after K's), not a split's part."""
+    w = _weights(np.random.default_rng(4))
+    form = {"biased": (False, False, False), "sliced": True}
+    mod = _encoder_attention(w, **form)
+    kernels = _kernels(mod)
+    attention = [f for name, f in kernels.items() if name.startswith("fused_attention")]
+    assert len(attention) == 1, sorted(kernels)
+    q = attention[0].params[0]
+    assert len(q.shape) == 3 and int(q.shape[-1]) == 3 * W, q.shape
     _check_numbers(mod, w, **form)

@@ -47,10 +47,13 @@ def _column_range(lookup, part):
                 return split.args[0], bounds[int(item.index)]
     sliced = _call(item, "relax.strided_slice")
     info = _tensor_type(sliced.args[0]) if sliced is not None else None
-    if info is not None and len(sliced.attrs.axes) == 1 and int(sliced.attrs.axes[0]) % len(info[1]) == len(info[1]) - 1:
-        begin = _const_int(sliced.attrs.begin[0])
-        strides = sliced.attrs.strides
-        if begin is not None and begin >= 0 and (not strides or _const_int(strides[0]) == 1):
+    if info is not None:
+        # TVM 0.27: axes, begin, end (and strides) are the call's tuple arguments
+        axes, begins = sliced.args[1].fields, sliced.args[2].fields
+        strides = sliced.args[4].fields if len(sliced.args) > 4 else []
+        axis, begin = (_const_int(axes[0]), _const_int(begins[0])) if len(axes) == 1 else (None, None)
+        if axis is not None and axis % len(info[1]) == len(info[1]) - 1 and begin is not None and begin >= 0 \
+                and (not strides or _const_int(strides[0]) == 1):
             return sliced.args[0], begin
     return part, 0
 
