@@ -141,9 +141,6 @@ def attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float, mi: i
                         for l in T.vectorized(nj):
                             p[r, j0 + nj + l] = acc2[r, l] * T.float32(scale) + bias[
                                 bias_at(b, h, T.min(i0 + r, Tq - 1), j0 + nj + l)]
-                for r in range(mi):
-                    for l in range(s_pad - S):
-                        p[r, S + l] = T.float32(neg_inf)
             elif S >= nj:
                 for jb in range(s_pad // nj):
                     j0 = T.meta_var(T.min(jb * nj, S - nj))
@@ -158,9 +155,6 @@ def attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float, mi: i
                         for l in T.vectorized(nj):
                             p[r, j0 + l] = acc[r, l] * T.float32(scale) + bias[
                                 bias_at(b, h, T.min(i0 + r, Tq - 1), j0 + l)]
-                for r in range(mi):
-                    for l in range(s_pad - S):
-                        p[r, S + l] = T.float32(neg_inf)
             else:  # fewer columns than one block
                 for r in T.unroll(mi):
                     for l in T.vectorized(nj):
@@ -175,6 +169,10 @@ def attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float, mi: i
                             T.Cast("int64", l) < S,
                             acc[r, l] * T.float32(scale) + bias[bias_at(b, h, T.min(i0 + r, Tq - 1), T.min(l, S - 1))],
                             T.float32(neg_inf))
+            # the columns past S in the last NJ block (the narrow case wrote them already)
+            for r in range(mi):
+                for l in range(s_pad - S):
+                    p[r, S + l] = T.float32(neg_inf)
             # 2. p = exp(s - row max) in place, 1/row sum kept
             for r in range(mi):
                 for l in T.vectorized(nj):

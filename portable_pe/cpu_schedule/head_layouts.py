@@ -24,14 +24,10 @@ from __future__ import annotations
 from tvm import relax
 
 from .head_reshapes import split_bounds
-from .relax_util import _tensor_type, same_dims
+from .relax_util import _tensor_type, call_of, same_dims
 from .tir_util import _const_int
 
 _HEADS_FIRST = [0, 2, 1, 3]  # [B, T, H, D] <-> [B, H, T, D]
-
-
-def _call(value, op_name: str):
-    return value if isinstance(value, relax.Call) and getattr(value.op, "name", None) == op_name else None
 
 
 def _column_range(lookup, part):
@@ -39,13 +35,13 @@ def _column_range(lookup, part):
     split's part or a unit-stride slice), else (part, 0)."""
     item = lookup(part)
     if isinstance(item, relax.TupleGetItem) and isinstance(item.tuple_value, relax.Var):
-        split = _call(lookup(item.tuple_value), "relax.split")
+        split = call_of(lookup(item.tuple_value), "relax.split")
         info = _tensor_type(split.args[0]) if split is not None else None
         if info is not None and int(split.attrs.axis) % len(info[1]) == len(info[1]) - 1:
             bounds = split_bounds(split, info[1][-1])
             if bounds is not None:
                 return split.args[0], bounds[int(item.index)]
-    sliced = _call(item, "relax.strided_slice")
+    sliced = call_of(item, "relax.strided_slice")
     info = _tensor_type(sliced.args[0]) if sliced is not None else None
     if info is not None:
         # TVM 0.27: axes, begin, end (and strides) are the call's tuple arguments
@@ -62,10 +58,10 @@ def projection_rows(lookup, heads_first, *, heads: int, dim: int, batch, length)
     """(source, (width, offset)) where `heads_first` [B, H, L, dim] is a head split of
     columns offset.. of `source` [B, L, width]; None otherwise. `lookup` is the mutator's
     lookup_binding."""
-    perm = _call(lookup(heads_first), "relax.permute_dims") if isinstance(heads_first, relax.Var) else None
+    perm = call_of(lookup(heads_first), "relax.permute_dims") if isinstance(heads_first, relax.Var) else None
     if perm is None or [int(a) for a in perm.attrs.axes] != _HEADS_FIRST or not isinstance(perm.args[0], relax.Var):
         return None
-    split_heads = _call(lookup(perm.args[0]), "relax.reshape")
+    split_heads = call_of(lookup(perm.args[0]), "relax.reshape")
     if split_heads is None or not isinstance(split_heads.args[0], relax.Var):
         return None
     part, split_type = split_heads.args[0], _tensor_type(perm.args[0])
@@ -87,12 +83,12 @@ def merged_output(var, values: dict, users: dict, *, heads: int, dim: int, batch
     when that merge is the one reader of `var` [B, heads, T, dim] and of the transpose;
     None otherwise. `values` and `users`: the block's bindings and relax.analysis.udchain."""
     readers = users.get(var, [])
-    perm = _call(values.get(readers[0]), "relax.permute_dims") if len(readers) == 1 else None
+    perm = call_of(values.get(readers[0]), "relax.permute_dims") if len(readers) == 1 else None
     if perm is None or [int(a) for a in perm.attrs.axes] != _HEADS_FIRST:
         return None
     readers = users.get(readers[0], [])
     merge = readers[0] if len(readers) == 1 and isinstance(readers[0], relax.DataflowVar) else None
-    if merge is None or _call(values.get(merge), "relax.reshape") is None:
+    if merge is None or call_of(values.get(merge), "relax.reshape") is None:
         return None
     info = _tensor_type(merge)
     if info is None or len(info[1]) != 3 or _const_int(info[1][2]) != heads * dim \

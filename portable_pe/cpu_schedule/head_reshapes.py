@@ -30,7 +30,7 @@ import tvm
 from tvm import relax, tirx
 from tvm.ir import IRModule
 
-from .relax_util import _mutate_relax_functions, _tensor_type, same_dims
+from .relax_util import _mutate_relax_functions, _tensor_type, call_of, same_dims
 from .tir_util import _const_int
 
 
@@ -121,7 +121,7 @@ class _HeadReshapeRewriter(relax.PyExprMutator):  # pylint: disable=abstract-met
         op = super().visit_tuple_getitem_(op)
         tup = op.tuple_value
         split = self.lookup_binding(tup) if isinstance(tup, relax.Var) else None
-        if not (isinstance(split, relax.Call) and getattr(split.op, "name", None) == "relax.split"):
+        if call_of(split, "relax.split") is None:
             return op
         src = _shape(split.args[0])
         if src is None or not _symbolic(src):

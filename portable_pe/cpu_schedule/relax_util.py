@@ -62,14 +62,14 @@ def mark_op_pattern(mod: IRModule, kinds: dict) -> IRModule:
     return mod
 
 
+def call_of(value, op_name: str):
+    """`value` when it is a call of the Relax op `op_name`, else None."""
+    return value if isinstance(value, relax.Call) and getattr(value.op, "name", None) == op_name else None
+
+
 def bound_call(mutator, expr, op_name: str):
     """The call `expr` is bound to in `mutator`'s function, when it is a call of `op_name`."""
-    if not isinstance(expr, relax.Var):
-        return None
-    value = mutator.lookup_binding(expr)
-    if isinstance(value, relax.Call) and getattr(value.op, "name", None) == op_name:
-        return value
-    return None
+    return call_of(mutator.lookup_binding(expr), op_name) if isinstance(expr, relax.Var) else None
 
 
 def rewrite_matmul(call, rewrite, log, kept: str, failures=None):

@@ -24,12 +24,12 @@ from tvm import relax
 from tvm.ir import IRModule
 
 from .head_reshapes import split_bounds
-from .relax_util import _mutate_relax_functions, _tensor_type
+from .relax_util import _mutate_relax_functions, _tensor_type, call_of
 
 
 def _bias_row(value, part, width: int):
     """The constant [width] float32 row `value` adds to `part`, or None."""
-    if not (isinstance(value, relax.Call) and getattr(value.op, "name", None) == "relax.add"):
+    if call_of(value, "relax.add") is None:
         return None
     for mine, other in (value.args, value.args[::-1]):
         if mine.same_as(part) and isinstance(other, tvm.ir.GenericConst):  # TVM 0.27's Relax constant
@@ -39,14 +39,14 @@ def _bias_row(value, part, width: int):
     return None
 
 
-def _plan(block) -> dict:
-    """{split var: (concatenated bias, {add var: part index})} for the splits of `block`
-    that the module docstring's rule rewrites."""
+def _plan(block) -> tuple[dict, dict]:
+    """({split var: its parts' biases concatenated}, {add var: the part it adds a bias to})
+    for the splits of `block` that the module docstring's rule rewrites."""
     values = {b.var: b.value for b in block.bindings if isinstance(b, relax.VarBinding)}
     users = relax.analysis.udchain(block)
-    plan = {}
+    biases, parts = {}, {}
     for var, value in values.items():
-        if not (isinstance(value, relax.Call) and getattr(value.op, "name", None) == "relax.split"):
+        if call_of(value, "relax.split") is None:
             continue
         info = _tensor_type(value.args[0])
         if info is None or info[0] != "float32":
@@ -65,36 +65,31 @@ def _plan(block) -> dict:
             row = _bias_row(values.get(add), part, bounds[i + 1] - bounds[i])
             if row is None or rows[i] is not None or not isinstance(add, relax.DataflowVar):
                 break
-            rows[i], adds[add] = row, i
+            rows[i], adds[add] = row, part
         else:
             if all(r is not None for r in rows):
-                plan[var] = (np.concatenate(rows), adds)
-    return plan
+                biases[var] = np.concatenate(rows)
+                parts.update(adds)
+    return biases, parts
 
 
 @relax.expr_functor.mutator
 class _SplitBiasHoister(relax.PyExprMutator):  # pylint: disable=abstract-method
     def __init__(self, mod: IRModule):
         super().__init__(mod)
-        self.plan: dict = {}
+        self.biases: dict = {}  # split var -> the bias added before it (_plan)
         self.parts: dict = {}  # add var -> the part var it adds the bias to
         self.hoisted = 0
 
     def visit_dataflow_block_(self, block):  # pylint: disable=arguments-renamed
-        self.plan = _plan(block)
-        self.parts = {}
-        for split_var, (_, adds) in self.plan.items():
-            for add_var in adds:
-                value = next(b.value for b in block.bindings if b.var.same_as(add_var))
-                self.parts[add_var] = next(a for a in value.args if not isinstance(a, tvm.ir.GenericConst))
+        self.biases, self.parts = _plan(block)
         return super().visit_dataflow_block_(block)
 
     def visit_var_binding_(self, binding):
-        if binding.var in self.plan:
-            bias, _ = self.plan[binding.var]
+        if binding.var in self.biases:
             split = binding.value
             source = self.visit_expr(split.args[0])
-            biased = self.builder_.emit(relax.op.add(source, relax.const(bias)))
+            biased = self.builder_.emit(relax.op.add(source, relax.const(self.biases[binding.var])))
             new = self.builder_.emit(relax.Call(split.op, [biased], split.attrs), name_hint=binding.var.name)
             self.set_var_remap(binding.var, new)
             self.hoisted += 1
