@@ -17,6 +17,7 @@ from tvm.script import tirx as T
 from portable_pe.cpu_schedule import cpu_pipeline, fusion_passes
 from portable_pe.cpu_schedule.attention import _fast_exp
 from portable_pe.host_cpu import cpu_flags
+from portable_pe.cpu_schedule.work_claims import cpu_tir_pipeline
 
 HOST = tvm.target.Target({"kind": "llvm", "num-cores": 2})
 AVX512 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
@@ -92,7 +93,8 @@ def test_attention_becomes_one_kernel_and_matches_numpy(form):
     names = _kernel_names(module)
     assert "fused_attention" in names
     assert not [n for n in names if "softmax" in n or "matmul" in n], names
-    vm = relax.VirtualMachine(tvm.compile(module, target=HOST, relax_pipeline=cpu_pipeline(HOST)), tvm.cpu())
+    vm = relax.VirtualMachine(tvm.compile(module, target=HOST, relax_pipeline=cpu_pipeline(HOST),
+                                          tir_pipeline=cpu_tir_pipeline(HOST)), tvm.cpu())
     rng = np.random.default_rng(0)
     for b, t in [(1, 1), (2, 5), (1, 77), (2, 300)]:  # 77 and 300: ragged row blocks and column tails
         q, k, v = (rng.standard_normal((b, H, t, D), dtype=np.float32) for _ in range(3))
@@ -116,7 +118,8 @@ def test_wide_tiles_on_avx512_match_numpy_on_both_sides_of_their_width(form):
         fused = tvm.transform.Sequential(fusion_passes())(module)
     kernel = next(f for gv, f in fused.functions_items() if gv.name_hint.startswith("fused_attention"))
     assert "acc2" in kernel.script() and "out2" in kernel.script()
-    vm = relax.VirtualMachine(tvm.compile(module, target=AVX512, relax_pipeline=cpu_pipeline(AVX512)), tvm.cpu())
+    vm = relax.VirtualMachine(tvm.compile(module, target=AVX512, relax_pipeline=cpu_pipeline(AVX512),
+                                          tir_pipeline=cpu_tir_pipeline(AVX512)), tvm.cpu())
     rng = np.random.default_rng(3)
     for b, t in [(1, 1), (2, 20), (1, 40), (2, 64), (1, 77), (1, 128), (2, 130)]:
         q, k, v = (rng.standard_normal((b, H, t, 64), dtype=np.float32) for _ in range(3))
@@ -131,7 +134,8 @@ def test_wide_tiles_on_avx512_match_numpy_on_both_sides_of_their_width(form):
 def test_softmax_over_another_axis_is_left_alone():
     over_queries = _attention(axis=2)  # not attention as the kernel computes it
     assert "fused_attention" not in _kernel_names(over_queries)
-    vm = relax.VirtualMachine(tvm.compile(over_queries, target=HOST, relax_pipeline=cpu_pipeline(HOST)), tvm.cpu())
+    vm = relax.VirtualMachine(tvm.compile(over_queries, target=HOST, relax_pipeline=cpu_pipeline(HOST),
+                                          tir_pipeline=cpu_tir_pipeline(HOST)), tvm.cpu())
     rng = np.random.default_rng(1)
     q, k, v = (rng.standard_normal((1, H, 9, D), dtype=np.float32) for _ in range(3))
     got = vm["main"](*[tvm.runtime.tensor(a, tvm.cpu()) for a in (q, k, v)]).numpy()
@@ -174,7 +178,8 @@ def test_torch_sdpa_decomposition_is_one_kernel_and_zeroes_fully_masked_rows():
     module = _sdpa_decomposition()
     names = _kernel_names(module)
     assert "fused_attention" in names and not [n for n in names if "softmax" in n or "matmul" in n], names
-    vm = relax.VirtualMachine(tvm.compile(module, target=HOST, relax_pipeline=cpu_pipeline(HOST)), tvm.cpu())
+    vm = relax.VirtualMachine(tvm.compile(module, target=HOST, relax_pipeline=cpu_pipeline(HOST),
+                                          tir_pipeline=cpu_tir_pipeline(HOST)), tvm.cpu())
     rng = np.random.default_rng(2)
     for b, t in [(1, 1), (2, 9), (1, 77)]:
         q, k, v = (rng.standard_normal((b, H, t, D), dtype=np.float32) for _ in range(3))

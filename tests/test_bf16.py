@@ -23,6 +23,7 @@ from portable_pe.backends import llvm
 from portable_pe.backends.targets import load_target
 from portable_pe.cpu_schedule.bf16_linear import bf16_bits
 from portable_pe.host_cpu import cpu_flags
+from portable_pe.cpu_schedule.work_claims import cpu_tir_pipeline
 
 from conftest import TINY_SPEC, assert_parity, needs_cross
 
@@ -112,7 +113,8 @@ def _build_for(mod, target: dict):
     import tvm
     from portable_pe.cpu_schedule import cpu_pipeline
     target = tvm.target.Target(target)
-    return tvm.compile(mod, target=target, relax_pipeline=cpu_pipeline(target, precision="bf16"))
+    return tvm.compile(mod, target=target, relax_pipeline=cpu_pipeline(target, precision="bf16"),
+                       tir_pipeline=cpu_tir_pipeline(target))
 
 
 def _run(executable, x: np.ndarray) -> np.ndarray:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from portable_pe.host_cpu import cpu_flags
+from portable_pe.cpu_schedule.work_claims import cpu_tir_pipeline
 
 CPU_FLAGS = cpu_flags()
 AMX = ["+avx512bf16", "+amx-tile", "+amx-bf16"]
@@ -114,7 +115,8 @@ def test_attention_over_a_fused_projection_matches_float64():
     heads, d = 2, 64
     mod = _projected_attention(heads, d)
     target = _target()
-    vm = relax.VirtualMachine(tvm.compile(mod, target=target, relax_pipeline=cpu_pipeline(target, precision="bf16")),
+    vm = relax.VirtualMachine(tvm.compile(mod, target=target, relax_pipeline=cpu_pipeline(target, precision="bf16"),
+                                          tir_pipeline=cpu_tir_pipeline(target)),
                               tvm.cpu())
     for b, t in ((1, 1), (2, 45), (1, 128)):
         x = np.random.default_rng(t).standard_normal((b, t, 3 * heads * d)).astype(np.float32)

@@ -14,6 +14,7 @@ from portable_pe.cpu_schedule import cpu_pipeline
 from portable_pe.cpu_schedule.f32_tiles import F32_TILE_ROWS
 from portable_pe.cpu_schedule.tir_util import _blocks_under, _expr_vars, _node, _num_cores, _walk
 from portable_pe.host_cpu import cpu_flags
+from portable_pe.cpu_schedule.work_claims import cpu_tir_pipeline
 
 AVX512 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
 runs_here = pytest.mark.skipif("avx512f" not in cpu_flags(), reason="this CPU has no avx512f")
@@ -126,7 +127,8 @@ def test_the_micro_kernel_dense_matches_numpy_at_ragged_row_counts(k, n, epilogu
     lowered = cpu_pipeline(target)(mod)
     assert any("portable_pe_f32_12x32" in f.script() for f in lowered.functions.values()
                if isinstance(f, tirx.PrimFunc)), "the dense should run on the micro-kernel"
-    vm = relax.VirtualMachine(tvm.compile(mod, target=target, relax_pipeline=cpu_pipeline(target)), tvm.cpu())
+    vm = relax.VirtualMachine(tvm.compile(mod, target=target, relax_pipeline=cpu_pipeline(target),
+                                          tir_pipeline=cpu_tir_pipeline(target)), tvm.cpu())
     for rows in (1, F32_TILE_ROWS - 1, F32_TILE_ROWS, F32_TILE_ROWS + 1, 151):
         x = rng.standard_normal((rows, k)).astype("float32")
         r = rng.standard_normal((rows, n)).astype("float32")

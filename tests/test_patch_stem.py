@@ -14,6 +14,7 @@ from conftest import assert_parity  # noqa: E402
 from portable_pe.backends import get_backend  # noqa: E402
 from portable_pe.backends.targets import load_target  # noqa: E402
 from portable_pe.cpu_schedule.patch_stem import PatchStemAsMatmul  # noqa: E402
+from portable_pe.cpu_schedule.work_claims import cpu_tir_pipeline
 
 
 def _conv_module(weight: np.ndarray, *, stride: int, padding: int = 0):
@@ -47,7 +48,8 @@ def _run(mod, x):
     spec = load_target("llvm")
     backend = get_backend(spec.backend)
     target = backend.tvm_target(spec)
-    vm = relax.VirtualMachine(tvm.compile(mod, target=target, relax_pipeline=backend.relax_pipeline(target)), tvm.cpu())
+    vm = relax.VirtualMachine(tvm.compile(mod, target=target, relax_pipeline=backend.relax_pipeline(target),
+                                          tir_pipeline=cpu_tir_pipeline(target)), tvm.cpu())
     return vm["main"](tvm.runtime.tensor(x)).numpy()
 
 

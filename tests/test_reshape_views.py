@@ -14,6 +14,7 @@ from conftest import assert_parity  # noqa: E402
 from portable_pe.backends import get_backend  # noqa: E402
 from portable_pe.backends.targets import load_target  # noqa: E402
 from portable_pe.cpu_schedule.reshape_views import stays_a_copy  # noqa: E402
+from portable_pe.cpu_schedule.work_claims import cpu_tir_pipeline
 
 
 def _dims(*names):
@@ -67,7 +68,8 @@ def test_the_flatten_runs_as_a_view_with_the_same_numbers():
     kernels = [gv.name_hint for gv, f in lowered.functions_items() if isinstance(f, tirx.PrimFunc)
                and not (f.attrs is not None and f.attrs.get("tirx.is_host_func"))]
     assert not [k for k in kernels if "reshape" in k], kernels  # no copy kernel left for the flatten
-    vm = relax.VirtualMachine(tvm.compile(mod, target=target, relax_pipeline=backend.relax_pipeline(target)),
+    vm = relax.VirtualMachine(tvm.compile(mod, target=target, relax_pipeline=backend.relax_pipeline(target),
+                                          tir_pipeline=cpu_tir_pipeline(target)),
                               tvm.cpu())
     rng = np.random.default_rng(0)
     for shape in ((1, 4, 2, 3, 5), (2, 4, 3, 1, 7)):

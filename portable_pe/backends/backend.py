@@ -50,7 +50,8 @@ def _compile(mod, target):
 
 def _build(mod, target, pipeline):
     import tvm
-    return tvm.compile(mod, target=target, relax_pipeline=pipeline)
+    from ..cpu_schedule.work_claims import cpu_tir_pipeline
+    return tvm.compile(mod, target=target, relax_pipeline=pipeline, tir_pipeline=cpu_tir_pipeline(target))
 
 
 @dataclass(frozen=True)

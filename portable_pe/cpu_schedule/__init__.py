@@ -24,7 +24,10 @@ vectorized, register-tiled CPU schedule without any tuning:
   of at least a few hundred elements; a concat along the vector dim (RoPE's rotate-half)
   is vectorized in parts, and a transposed copy along a dynamic dim (Kᵀ) in tiles;
 * whoever scheduled a kernel (these rules or a tuning database), a parallel nest
-  whose work is too small to pay for waking the thread pool runs serially.
+  whose work is too small to pay for waking the thread pool runs serially;
+* the matmuls' and attention's work items are claimed by the threads at run time, each
+  thread's static share first, instead of split statically (``work_claims``, a TIR pass
+  after lowering: ``cpu_tir_pipeline(target)`` for ``tvm.compile(..., tir_pipeline=...)``).
 
 Symbolic extents are handled by splitting with fixed factors; TVM adds a
 predicate for the tail and the TIR ``LoopPartition`` pass peels it.
@@ -38,6 +41,8 @@ Public API
     Passes to insert after legalization/fusion, before TIR lowering.
 ``cpu_pipeline(target) -> Pass``
     A full Relax pipeline for ``tvm.compile(..., relax_pipeline=...)``.
+``work_claims.cpu_tir_pipeline(target) -> str``
+    The TIR pipeline to build it with (TVM's default, then ``ClaimWork``).
 
 Modules
 -------
@@ -58,6 +63,7 @@ Modules
 ``dim_vars``   ``WithNamedDims``: a pixel graph's compound dims (its token count) as variables
 ``weight_packing``  constant weights marked, packing split out and folded at compile time
 ``small_work`` ``SerialWhenSmall``: serial copies of parallel nests, chosen by work size
+``work_claims``  ``ClaimWork``: annotated parallel loops whose items threads claim at run time
 ``pipeline``   rule dispatch per PrimFunc and the Relax pass lists / pipeline
 """
 

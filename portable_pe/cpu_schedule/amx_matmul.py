@@ -30,6 +30,7 @@ from .matmul import _pack_constant_weight, _pad_to_tiles
 from .loops import _parallel_outer, _vectorize_inner, row_major_items
 from .spatial import _schedule_spatial_block
 from .tir_util import _loop_extent, _vector_lanes
+from .work_claims import CLAIM_ITEMS
 
 #: bytes of a row of A per micro-kernel call at most: A's 32-row panel, 16 KiB, stays in L1
 _MAX_CHUNK_BYTES = 512
@@ -124,4 +125,5 @@ def schedule_amx_matmul(sch, mm_block, other_blocks, target, kind: str) -> bool:
         sch.tensorize(ii, amx_intrin(chunk, accumulate=True, kind=kind))
     sch.annotate(outermost, "pragma_import_llvm", AMX_IR + (AMX_INT8_IR if kind == "i8" else ""))
     sch.annotate(outermost, AMX_SCOPE, 1)  # each work item one tile scope (open_amx_scopes)
+    sch.annotate(outermost, CLAIM_ITEMS, 1)
     return True

@@ -31,6 +31,7 @@ import math
 
 from .fast_math import _fast_exp
 from .softmax_rows import inverse_row_sum_of_lanes, row_max_of_lanes
+from .work_claims import CLAIM_ITEMS
 
 # Wide tiles on AVX-512: 6 rows x 4 vectors of 16 are 24 accumulators, plus the 4
 # vectors of Kᵀ or V they multiply, of the 32 registers. Against the 7 x 2-vector tiles
@@ -101,7 +102,7 @@ def attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float, mi: i
         # Scalars are inlined (meta_var), not assigned: TVMScript makes an assigned scalar a
         # one-element buffer (a heap workspace per work item, reloaded in every loop).
         s_pad = T.meta_var((S + (nj - 1)) // nj * nj)
-        for item in T.parallel(B * H * n_rb):
+        for item in T.parallel(B * H * n_rb, annotations={CLAIM_ITEMS: 1}):
             b = T.meta_var(item // (H * n_rb))
             h = T.meta_var(item // n_rb % H)
             i0 = T.meta_var(item % n_rb * mi)

@@ -35,6 +35,7 @@ from .amx_tiles import AMX_IR, amx_scope_call
 from .bf16_isa import BF16_ROUND_IR
 from .bf16_linear import bf16_bits_expr
 from .softmax_rows import inverse_row_sum_of_lanes, row_max_of_lanes
+from .work_claims import CLAIM_ITEMS
 
 _ROWS = 32   # query rows per work item: one AMX block
 _KEYS = 32   # the key axis is padded to this (one AMX block of S, and K-steps of P x V)
@@ -192,7 +193,8 @@ def amx_attention_kernel(*, heads: int, qk_dim: int, v_dim: int, bias_dims: tupl
         o = T.match_buffer(o_h, (B, H, Tq, E), "float32")
         n_rb = T.meta_var(Tp // 32)
         s_pad = T.meta_var(Sb * 16)
-        for item in T.parallel(B * H * n_rb, annotations={"pragma_import_llvm": AMX_IR + BF16_ROUND_IR}):
+        for item in T.parallel(B * H * n_rb, annotations={"pragma_import_llvm": AMX_IR + BF16_ROUND_IR,
+                                                          CLAIM_ITEMS: 1}):
             b, h, rb = T.meta_var(_item_indices(item, batch=B, heads=H, row_blocks=n_rb, bias_dims=bias_dims,
                                                 bias_shape=bias_shape(B, Tq, S)))
             i0 = T.meta_var(rb * 32)

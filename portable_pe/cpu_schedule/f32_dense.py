@@ -30,6 +30,7 @@ from .loops import _parallel_outer, _vectorize_inner, row_major_items
 from .matmul import _pack_constant_weight, _packable_weight, _pad_to_tiles
 from .small_work import WORK_ITERATIONS
 from .tir_util import _loop_extent, _num_cores, _region_buffer, _vector_lanes
+from .work_claims import CLAIM_ITEMS
 
 #: the row stride of A's padded copy, in floats, is _ROW_PADDING more than a multiple of
 #: _ROW_ALIGN: consecutive rows start one cache line apart in L1's sets (module docstring)
@@ -81,6 +82,7 @@ def schedule_f32_dense(sch, mm_block, other_blocks, target) -> bool:
         if inner:
             _vectorize_inner(sch, inner[-1], lanes)
     items = _parallel_outer(sch, item_loops)
+    sch.annotate(items, CLAIM_ITEMS, 1)
     for pad in row_pads:
         sch.compute_at(pad, items, preserve_unit_loops=True)
         _vectorize_inner(sch, sch.get_loops(pad)[-1], lanes)

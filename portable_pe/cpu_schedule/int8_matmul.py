@@ -29,6 +29,7 @@ from .int8_isa import has_amx_int8, int8_isa
 from .matmul import _pack_constant_weight, _pad_to_tiles
 from .loops import _parallel_outer, _vectorize_inner
 from .tir_util import _loop_extent, _region_buffer
+from .work_claims import CLAIM_ITEMS
 
 logger = logging.getLogger(__package__)
 
@@ -95,6 +96,7 @@ def schedule_dot_matmul(sch, mm_block, other_blocks, isa) -> bool:
             _vectorize_inner(sch, inner[-1], isa.lanes)
     _parallel_outer(sch, list(batch) + [io])
     outermost = sch.get_loops(mm_block)[0]
+    sch.annotate(outermost, CLAIM_ITEMS, 1)
     init = sch.decompose_reduction(mm_block, ko)
     *_, init_jv, init_ir, init_ji = sch.get_loops(init)
     sch.reorder(init_ir, init_jv)

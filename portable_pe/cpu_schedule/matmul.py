@@ -28,6 +28,7 @@ from .tir_util import (
     _simd_registers,
     _vector_lanes,
 )
+from .work_claims import CLAIM_ITEMS
 
 
 logger = logging.getLogger("portable_pe.cpu_schedule")
@@ -332,6 +333,7 @@ def _schedule_matmul(sch, mm_block, other_blocks, target):
     # parallel/unroll/vectorize first: once the reduction is decomposed the
     # update block is no longer a "reduction block" and parallel() refuses it.
     items = _parallel_outer(sch, [jg, *batch, chunk] if packed else list(batch) + [io])
+    sch.annotate(items, CLAIM_ITEMS, 1)
     for pb in pads if packed else ():
         # the padded copy of the chunk's rows, made in each work item (in L2 for the
         # micro-kernel) rather than as a parallel nest of its own over all rows: once per

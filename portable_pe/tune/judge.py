@@ -75,9 +75,12 @@ def judge(static_mod, fused, target, pipeline, database, inputs: list[np.ndarray
     import tvm
     from tvm import relax
     from .database import kernels_of, workload
-    default_exe = tvm.compile(static_mod, target=target, relax_pipeline=pipeline)
+    from ..cpu_schedule.work_claims import cpu_tir_pipeline
+    # the TIR pipeline the bundle is built with (backend._build), so the default's times are the shipped ones
+    tir_pipeline = cpu_tir_pipeline(target)
+    default_exe = tvm.compile(static_mod, target=target, relax_pipeline=pipeline, tir_pipeline=tir_pipeline)
     with database:
-        tuned_exe = tvm.compile(static_mod, target=target, relax_pipeline=pipeline)
+        tuned_exe = tvm.compile(static_mod, target=target, relax_pipeline=pipeline, tir_pipeline=tir_pipeline)
     device = tvm.cpu()
     args = [tvm.runtime.tensor(np.ascontiguousarray(a), device=device) for a in inputs]
     vms = {"default": relax.VirtualMachine(default_exe, device), "tuned": relax.VirtualMachine(tuned_exe, device)}

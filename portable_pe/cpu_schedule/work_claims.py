@@ -1,0 +1,220 @@
+"""Parallel loops whose items the threads claim one at a time, so a core that runs slow
+does not hold the kernel back.
+
+TVM's CPU codegen splits a parallel loop statically: with n tasks, task t runs items
+[t * ceil(N / n), ...). The kernel ends when the slowest task does. A core that runs slower
+than the others (a busy SMT sibling or a noisy neighbour on a cloud VM, an efficiency core
+on a hybrid CPU, a LITTLE core on an edge board) then sets the time of every kernel: on the
+2-core VM this project benches on, one core at a time ran a dense at 60% of the other's
+speed for seconds at a stretch.
+
+A loop annotated with CLAIM_ITEMS is rewritten after lowering into
+
+    next[s] = begin(s) for each of SLOTS slots (the static split, in SLOTS contiguous parts)
+    for slot in parallel(SLOTS):                # TVM's static split, now of slots
+        item = claim(next, slot)
+        while item >= 0:
+            body(item)
+            item = claim(next, slot)
+
+where ``claim`` takes the next item of the caller's own slot, and when that slot is spent
+the next item of the following slots in turn (an atomic add on a counter per slot, each
+on its own cache line). Left alone, every task runs exactly its static share in the same
+order as before (the rows a core wrote are the rows it reads next: f32_dense's docstring);
+only the tail of a slow core's share moves to a fast one. SLOTS is fixed at compile time
+and the thread count is not, so SLOTS is large (64): a task that gets several slots drains
+them in order, one claim loop after the other, and the loops after the first find the
+"all claimed" flag set and end at once.
+
+The claim function is LLVM IR (atomicrmw), imported into the kernel as the micro-kernels
+are; it has no target-specific instructions, so x86 and aarch64 kernels share it.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import tirx
+
+#: the loop annotation that asks for claimed items (read by ClaimWork after lowering)
+CLAIM_ITEMS = "portable_pe_claim_items"
+#: slots per loop: at least the threads any run uses (module docstring)
+SLOTS = 64
+#: int32 words between two slots' counters: a 64-byte cache line each, so a core claiming
+#: from its own slot does not take the line of another's
+_STRIDE = 16
+_CLAIM = "portable_pe_claim"
+
+
+def claim_ir() -> str:
+    """LLVM IR of i32 portable_pe_claim(ptr next, i32 slot, i32 slots, i32 n): the next item
+    of `slot` or, once it is spent, of the slots after it in turn; -1 when every item is
+    claimed. next[s * 16] is slot s's next item; next[slots * 16] the all-claimed flag."""
+    s = _STRIDE
+    return f"""
+define internal i32 @{_CLAIM}(ptr %next, i32 %slot, i32 %slots, i32 %n) {{
+entry:
+  %flag_at = mul i32 %slots, {s}
+  %flag_ptr = getelementptr i32, ptr %next, i32 %flag_at
+  %flag = load atomic i32, ptr %flag_ptr monotonic, align 4
+  %done = icmp ne i32 %flag, 0
+  br i1 %done, label %none, label %scan
+scan:
+  %i = phi i32 [0, %entry], [%i_next, %spent]
+  %at = add i32 %slot, %i
+  %wraps = icmp sge i32 %at, %slots
+  %at_wrapped = sub i32 %at, %slots
+  %s = select i1 %wraps, i32 %at_wrapped, i32 %at
+  %s1 = add i32 %s, 1
+  %s1n = mul i32 %s1, %n
+  %end = sdiv i32 %s1n, %slots
+  %word = mul i32 %s, {s}
+  %ptr = getelementptr i32, ptr %next, i32 %word
+  %seen = load atomic i32, ptr %ptr monotonic, align 4
+  %left = icmp slt i32 %seen, %end
+  br i1 %left, label %take, label %spent
+take:
+  %got = atomicrmw add ptr %ptr, i32 1 monotonic
+  %ours = icmp slt i32 %got, %end
+  br i1 %ours, label %found, label %spent
+found:
+  ret i32 %got
+spent:
+  %i_next = add i32 %i, 1
+  %more = icmp slt i32 %i_next, %slots
+  br i1 %more, label %scan, label %all_claimed
+all_claimed:
+  store atomic i32 1, ptr %flag_ptr monotonic, align 4
+  br label %none
+none:
+  ret i32 -1
+}}
+"""
+
+
+def _flat(stmt) -> list:
+    """A sequence's statements with nested sequences spliced in."""
+    if isinstance(stmt, tirx.SeqStmt):
+        return [s for child in stmt.seq for s in _flat(child)]
+    return [stmt]
+
+
+def _item_scratch(loop: tirx.For):
+    """The statements at the top level of the loop body that do not depend on the item:
+    its scratch buffers (f32_dense's padded rows, the attention's tiles) and the values
+    their sizes are computed from (CSE's bindings of the key count); and the rest of the
+    body. None where a scratch buffer's size depends on the item.
+
+    The scratch moves out of the while loop: allocated once per task, not once per item,
+    and freed where it was allocated (LowerTVMBuiltin frees a heap allocation at the end of
+    its enclosing scope, which a while loop's body is not: LLVM rejected the free as not
+    dominated by its allocation)."""
+    from .tir_util import _expr_vars, _node, _subexprs
+    per_item = {loop.loop_var}
+    hoisted, rest = [], []
+    for stmt in _flat(loop.body):
+        if isinstance(stmt, tirx.LetStmt):
+            # arithmetic on values bound before the item: the same for every item
+            pure = all(_node(e) not in ("BufferLoad", "Call") for e in _subexprs(stmt.value))
+            if pure and not _expr_vars(stmt.value) & per_item:
+                hoisted.append(stmt)
+            else:
+                per_item.add(stmt.var)
+                rest.append(stmt)
+        elif isinstance(stmt, tirx.AllocBuffer):
+            if any(_expr_vars(extent) & per_item for extent in stmt.buffer.shape):
+                return None
+            hoisted.append(stmt)
+        else:
+            rest.append(stmt)
+    return hoisted, rest
+
+
+def _claimed_loop(loop: tirx.For) -> tirx.Stmt:
+    """The statements that replace one annotated parallel loop (module docstring)."""
+    i32 = "int32"
+    n = tirx.Cast(i32, loop.extent)
+    words = (SLOTS + 1) * _STRIDE
+    nxt = tirx.decl_buffer((words,), i32, name=f"{loop.loop_var.name}_next")
+    item = tirx.decl_buffer((1,), i32, name=f"{loop.loop_var.name}_item", scope="local")
+    s = tirx.Var("s", i32)
+    slot = tirx.Var(f"{loop.loop_var.name}_slot", i32)
+    claim = tirx.call_extern(i32, _CLAIM, nxt.access_ptr("rw"), slot, tirx.IntImm(i32, SLOTS), n)
+    # the slot's first item: s * n / SLOTS in 64 bits, as claim_ir computes the ends in 32
+    begin = tirx.Cast(i32, tirx.Cast("int64", s) * tirx.Cast("int64", n) // SLOTS)
+    init = tirx.SeqStmt([
+        tirx.For(s, tirx.IntImm(i32, 0), tirx.IntImm(i32, SLOTS), tirx.ForKind.SERIAL,
+                 tirx.BufferStore(nxt, begin, [s * _STRIDE])),
+        tirx.BufferStore(nxt, tirx.IntImm(i32, 0), [tirx.IntImm(i32, SLOTS * _STRIDE)]),
+    ])
+    index = loop.min + tirx.Cast(str(loop.loop_var.ty), tirx.BufferLoad(item, [0]))
+    scratch, rest = _item_scratch(loop)  # claim_work checks it is not None
+    body = tirx.SeqStmt([
+        tirx.LetStmt(loop.loop_var, index),
+        *rest,
+        tirx.BufferStore(item, claim, [0]),
+    ])
+    claims = tirx.SeqStmt([
+        *scratch,
+        tirx.AllocBuffer(item),
+        tirx.BufferStore(item, claim, [0]),
+        tirx.While(tirx.BufferLoad(item, [0]) >= 0, body),
+    ])
+    parallel = tirx.For(slot, tirx.IntImm(i32, 0), tirx.IntImm(i32, SLOTS), tirx.ForKind.PARALLEL, claims,
+                        annotations=_other_annotations(loop))
+    return tirx.AttrStmt(slot, "pragma_import_llvm", tvm.ir.StringImm(claim_ir()),
+                         tirx.SeqStmt([tirx.AllocBuffer(nxt), init, parallel]))
+
+
+def _is_one(expr) -> bool:
+    return isinstance(expr, tirx.IntImm) and int(expr) == 1
+
+
+def _other_annotations(loop: tirx.For) -> dict:
+    return {k: v for k, v in loop.annotations.items() if k != CLAIM_ITEMS}
+
+
+def claim_work(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """`func` with every parallel loop annotated CLAIM_ITEMS rewritten (module docstring)."""
+    from tvm_ffi.structural import structural_mutate
+
+    def rewrite(loop, mutator):
+        loop = mutator.default_mutate(loop)
+        if loop.kind != tirx.ForKind.PARALLEL or CLAIM_ITEMS not in loop.annotations:
+            return loop
+        step = getattr(loop, "step", None)
+        if _item_scratch(loop) is None or (step is not None and not _is_one(step)):
+            # left to the static split: correct, only not balanced
+            return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, loop.body, loop.thread_binding,
+                            _other_annotations(loop), getattr(loop, "step", None))
+        return _claimed_loop(loop)
+    return func.with_body(structural_mutate(func.body, [(tirx.For, rewrite)]))
+
+
+@tvm.transform.module_pass(opt_level=0, name="ClaimWork")
+def ClaimWork(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    """claim_work on every PrimFunc of a lowered module."""
+    updates = {gv: claim_work(f) for gv, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)}
+    for gv, f in updates.items():
+        mod[gv] = f
+    return mod
+
+
+#: the name of TVM's default TIR pipeline followed by ClaimWork, once registered
+TIR_PIPELINE = "portable_pe_cpu"
+
+
+def _pipeline_factory():
+    from tvm.s_tir.pipeline import default_s_tir_pipeline
+    lower, finalize_host, finalize_device = default_s_tir_pipeline()
+    return tvm.transform.Sequential([lower, ClaimWork]), finalize_host, finalize_device
+
+
+def cpu_tir_pipeline(target) -> str:
+    """The ``tir_pipeline`` for tvm.compile: TIR_PIPELINE for CPU (llvm) targets, TVM's
+    default elsewhere. Registers TIR_PIPELINE the first time."""
+    if target.kind.name != "llvm":
+        return "default"
+    from tvm.tirx.compilation_pipeline import PIPELINE_MAP
+    if TIR_PIPELINE not in PIPELINE_MAP:
+        tirx.register_tir_pipeline(TIR_PIPELINE, _pipeline_factory)
+    return TIR_PIPELINE
