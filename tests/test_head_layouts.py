@@ -12,6 +12,7 @@ from tvm import relax, tirx
 
 from portable_pe.cpu_schedule import cpu_pipeline
 from portable_pe.cpu_schedule.pipeline import fusion_passes
+from portable_pe.cpu_schedule.work_claims import cpu_tir_pipeline
 
 HOST = tvm.target.Target({"kind": "llvm", "num-cores": 2})
 K, H, D = 24, 2, 16  # model width, heads, head dim
@@ -25,13 +26,14 @@ def _weights(rng):
             "out": rng.standard_normal((W, K)).astype("float32") * 0.3}
 
 
-def _encoder_attention(w, *, biased=(True, True, True), v_read_twice=False, sliced=False):
+def _encoder_attention(w, *, biased=(True, True, True), v_read_twice=False, sliced=False, noop_reshape=False):
     """y = merge(softmax(q·kᵀ·SCALE)·v) @ W_out over one split q/k/v projection of x
     [batch, seq, K], each part's bias added after the split (as the shipped encoders
     export it). ``biased``: which parts get their bias; ``v_read_twice``: V's part, before
     its bias, is also added to the output (a second reader of the split's part).
     ``sliced``: the parts are column slices in the order k, q, v (Q at an offset) instead
-    of a split's parts."""
+    of a split's parts. ``noop_reshape``: the attention's result is reshaped to its own
+    shape before the merge (DINOv3's export)."""
     x = relax.Var("x", relax.TensorType([tirx.Var("batch", "int64"), tirx.Var("seq", "int64"), K], "float32"))
     batch, seq, _ = x.ty.shape.values
     bb = relax.BlockBuilder()
@@ -56,6 +58,8 @@ def _encoder_attention(w, *, biased=(True, True, True), v_read_twice=False, slic
             kt = bb.emit(relax.op.permute_dims(k, [0, 2, 3, 1]))
             s = bb.emit(relax.op.multiply(relax.op.matmul(q, kt), relax.const(SCALE, "float32")))
             o = bb.emit(relax.op.matmul(relax.op.nn.softmax(s, axis=-1), v))
+            if noop_reshape:
+                o = bb.emit(relax.op.reshape(o, [batch, H, seq, D]))
             merged = bb.emit(relax.op.reshape(relax.op.permute_dims(o, [0, 2, 1, 3]), [batch, seq, W]))
             if v_read_twice:
                 merged = bb.emit(relax.op.add(merged, v_part))
@@ -64,7 +68,7 @@ def _encoder_attention(w, *, biased=(True, True, True), v_read_twice=False, slic
     return bb.get()
 
 
-def _reference(x, w, *, biased=(True, True, True), v_read_twice=False, sliced=False):
+def _reference(x, w, *, biased=(True, True, True), v_read_twice=False, sliced=False, noop_reshape=False):
     qkv = x.astype(np.float64) @ w["qkv"]
     begins = (W, 0, 2 * W) if sliced else (0, W, 2 * W)
     parts = [qkv[..., b:b + W] + (w["bias"][i * W:(i + 1) * W] if biased[i] else 0) for i, b in enumerate(begins)]
@@ -85,7 +89,8 @@ def _kernels(mod):
 
 
 def _check_numbers(mod, w, **form):
-    vm = relax.VirtualMachine(tvm.compile(mod, target=HOST, relax_pipeline=cpu_pipeline(HOST)), tvm.cpu())
+    vm = relax.VirtualMachine(tvm.compile(mod, target=HOST, relax_pipeline=cpu_pipeline(HOST),
+                                          tir_pipeline=cpu_tir_pipeline(HOST)), tvm.cpu())
     rng = np.random.default_rng(1)
     for b, t in [(1, 1), (2, 5), (1, 77), (3, 40)]:  # 77: ragged row blocks and column tails
         x = rng.standard_normal((b, t, K)).astype("float32")
@@ -106,6 +111,21 @@ def test_attention_reads_q_in_the_projection_and_writes_merged_heads():
     # the biases are in the projection's kernel
     assert [n for n in kernels if n.startswith("fused_matmul_add")], sorted(kernels)
     _check_numbers(mod, w)
+
+
+def test_a_reshape_of_the_result_to_its_own_shape_still_gets_merged_heads():
+    """DINOv3's export reshapes P·V's result to [B, H, T, D] again before the merge: the
+    kernel still writes [batch, seq, W] and no merge kernel is left."""
+    w = _weights(np.random.default_rng(5))
+    mod = _encoder_attention(w, noop_reshape=True)
+    kernels = _kernels(mod)
+    attention = [f for name, f in kernels.items() if name.startswith("fused_attention")]
+    assert len(attention) == 1, sorted(kernels)
+    o = attention[0].params[-1]
+    assert len(o.shape) == 3 and int(o.shape[-1]) == W, o.shape
+    # the same kernels as without the reshape: no merge, no copy for the reshape
+    assert sorted(kernels) == sorted(_kernels(_encoder_attention(w))), sorted(kernels)
+    _check_numbers(mod, w, noop_reshape=True)
 
 
 def test_kt_and_v_are_the_head_layout_copies_left():

@@ -81,8 +81,13 @@ def projection_rows(lookup, heads_first, *, heads: int, dim: int, batch, length)
 def merged_output(var, values: dict, users: dict, *, heads: int, dim: int, batch, length):
     """The binding var of ``reshape(permute_dims(var, [0, 2, 1, 3]), [B, T, heads * dim])``
     when that merge is the one reader of `var` [B, heads, T, dim] and of the transpose;
-    None otherwise. `values` and `users`: the block's bindings and relax.analysis.udchain."""
+    None otherwise. `values` and `users`: the block's bindings and relax.analysis.udchain.
+    A reshape of `var` to its own shape on the way (DINOv3's export has one) is looked
+    through: it moves nothing."""
     readers = users.get(var, [])
+    if len(readers) == 1 and call_of(values.get(readers[0]), "relax.reshape") is not None \
+            and _same_shape(readers[0], var):
+        readers = users.get(readers[0], [])
     perm = call_of(values.get(readers[0]), "relax.permute_dims") if len(readers) == 1 else None
     if perm is None or [int(a) for a in perm.attrs.axes] != _HEADS_FIRST:
         return None
@@ -95,3 +100,8 @@ def merged_output(var, values: dict, users: dict, *, heads: int, dim: int, batch
             or not same_dims(info[1][:2], [batch, length]):
         return None
     return merge
+
+
+def _same_shape(a, b) -> bool:
+    ta, tb = _tensor_type(a), _tensor_type(b)
+    return ta is not None and tb is not None and same_dims(ta[1], tb[1])
