@@ -14,7 +14,7 @@ from tvm_ffi.structural import structural_equal
 from portable_pe.cpu_schedule import cpu_pipeline
 from portable_pe.cpu_schedule.tir_util import _node
 from portable_pe.cpu_schedule import work_claims
-from portable_pe.cpu_schedule.work_claims import CLAIM_ITEMS, SLOTS, _STRIDE, claim_ir, cpu_tir_pipeline
+from portable_pe.cpu_schedule.work_claims import CLAIM_ITEMS, claim_ir, claim_layout, cpu_tir_pipeline, slots_for
 from portable_pe.host_cpu import cpu_flags
 
 HOST = tvm.target.Target({"kind": "llvm", "num-cores": 2})
@@ -29,19 +29,23 @@ def pool_threads():
     config(1, before)
 
 
-def _serial_claims(n: int, slot: int, calls: int) -> np.ndarray:
-    """`calls` claims in a row from `slot`, on one thread, with the counters set up as
-    ClaimWork sets them (each slot at its first item, the flag clear)."""
-    words = (SLOTS + 1) * _STRIDE
+def _serial_claims(n: int, slot: int, calls: int, slots: int) -> np.ndarray:
+    """`calls` claims in a row from `slot`, on one thread, with the state set up as
+    ClaimWork sets it (each slot at its first item, its end, the flag clear)."""
+    ends, flag, words = claim_layout(slots)
 
     @T.prim_func
     def claims(out: T.Buffer((calls,), "int32")):
-        nxt = T.alloc_buffer((words,), "int32")
-        for s in range(SLOTS):
-            nxt[s * _STRIDE] = T.Cast("int32", T.Cast("int64", s) * n // SLOTS)
-        nxt[SLOTS * _STRIDE] = 0
+        state = T.alloc_buffer((words,), "int32")
+        for s in range(slots):
+            state[s * 16] = T.Cast("int32", T.Cast("int64", s) * n // slots)
+            state[ends + s] = T.Cast("int32", T.Cast("int64", s + 1) * n // slots)
+        state[flag] = 0
+        cursor = T.alloc_buffer((1,), "int32")
+        cursor[0] = slot
         for c in T.serial(calls, annotations={"pragma_import_llvm": claim_ir()}):
-            out[c] = T.call_extern("int32", "portable_pe_claim", nxt.access_ptr("rw"), slot, SLOTS, n)
+            out[c] = T.call_extern("int32", "portable_pe_claim", state.access_ptr("rw"), cursor.access_ptr("rw"),
+                                   slots)
 
     f = tvm.compile(claims, target=HOST)
     out = tvm.runtime.tensor(np.zeros(calls, "int32"))
@@ -49,14 +53,22 @@ def _serial_claims(n: int, slot: int, calls: int) -> np.ndarray:
     return out.numpy()
 
 
-@pytest.mark.parametrize("n,slot", [(1000, 0), (1000, 37), (100, 63), (5, 2)])
-def test_a_claim_takes_its_own_slot_first_then_the_slots_after_it_then_none(n, slot):
+@pytest.mark.parametrize("n,slot,slots", [(1000, 0, 64), (1000, 37, 64), (100, 63, 64), (5, 2, 8), (50, 7, 8),
+                                          (30, 5, 20)])
+def test_a_claim_takes_its_own_slot_first_then_the_slots_after_it_then_none(n, slot, slots):
     """One thread claiming from `slot` gets that slot's items in order, then each
     following slot's (wrapping past the last), then -1 every time after."""
-    begin = [s * n // SLOTS for s in range(SLOTS + 1)]
-    order = [s % SLOTS for s in range(slot, slot + SLOTS)]
+    begin = [s * n // slots for s in range(slots + 1)]
+    order = [s % slots for s in range(slot, slot + slots)]
     expected = [i for s in order for i in range(begin[s], begin[s + 1])] + [-1, -1, -1]
-    np.testing.assert_array_equal(_serial_claims(n, slot, n + 3), expected)
+    np.testing.assert_array_equal(_serial_claims(n, slot, n + 3, slots), expected)
+
+
+def test_slots_follow_the_targets_cores():
+    """Twice the cores, at least 8; 64 where the target has no core count."""
+    assert slots_for(HOST) == 8
+    assert slots_for(tvm.target.Target({"kind": "llvm", "num-cores": 24})) == 48
+    assert slots_for(tvm.target.Target({"kind": "llvm"})) == 64
 
 
 def _counting_loop(items: int):
@@ -75,14 +87,16 @@ def _counting_loop(items: int):
     return count
 
 
-@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("threads", [1, 2, 3, 9, 20])
 def test_every_item_runs_exactly_once_at_any_thread_count(threads, pool_threads):
-    """1, 2 and 3 threads (3: SLOTS is not a multiple of it), item counts below, at and
-    above SLOTS: each output counted once."""
+    """1, 2 and 3 threads (3: the slots are not a multiple of it; 9 and 20: more threads
+    than slots, some left idle), item counts below, at and above the slots: each output
+    counted once."""
     pool_threads(threads)
     f = tvm.compile(tvm.IRModule({"count": _counting_loop(0)}), target=HOST, tir_pipeline=cpu_tir_pipeline(HOST))
     rng = np.random.default_rng(0)
-    for rows in (1, 7, SLOTS, SLOTS + 1, 1000):
+    slots = slots_for(HOST)
+    for rows in (1, 7, slots, slots + 1, 1000):
         x = rng.standard_normal((rows, 16)).astype("float32")
         out = tvm.runtime.tensor(np.zeros(rows, "float32"))
         f["count"](tvm.runtime.tensor(x), out)
@@ -99,9 +113,9 @@ def _statements(stmt):
 
 
 def test_the_annotated_loop_becomes_claim_loops_over_slots_with_the_scratch_outside(monkeypatch):
-    """After ClaimWork the parallel loop runs SLOTS slots, each a while loop of claims; the
-    item's scratch is allocated in the slot, outside the while loop; a parallel loop
-    without the annotation is left as it was."""
+    """After ClaimWork the parallel loop runs slots_for(target) slots, each a while loop of claims; the
+    item's scratch is allocated in the slot, outside the while loop, once its first claim
+    got an item; a parallel loop without the annotation is left as it was."""
     @T.prim_func
     def plain(a: T.Buffer((64,), "float32")):
         for i in T.parallel(64):
@@ -121,12 +135,15 @@ def test_the_annotated_loop_becomes_claim_loops_over_slots_with_the_scratch_outs
     assert structural_equal(*seen["plain"])
     stmts = list(_statements(claimed["count"].body))
     (parallel,) = [s for s in stmts if _node(s) == "For" and s.kind == tirx.ForKind.PARALLEL]
-    assert int(parallel.extent) == SLOTS and CLAIM_ITEMS not in parallel.annotations
+    assert int(parallel.extent) == slots_for(HOST) and CLAIM_ITEMS not in parallel.annotations
     inside = list(_statements(parallel.body))
     (loop,) = [s for s in inside if _node(s) == "While"]
     in_loop = list(_statements(loop.body))
     scratch = [s for s in inside if _node(s) == "AllocBuffer" and s.buffer.name == "scratch"]
     assert scratch and not [s for s in in_loop if _node(s) == "AllocBuffer"]
+    # only a slot whose first claim got an item allocates it
+    (first_claim_got_one,) = [s for s in inside if _node(s) == "IfThenElse"]
+    assert any(s.same_as(scratch[0]) for s in _statements(first_claim_got_one.then_case))
     assert "portable_pe_claim" in claimed["count"].script()
 
 

@@ -10,21 +10,27 @@ speed for seconds at a stretch.
 
 A loop annotated with CLAIM_ITEMS is rewritten after lowering into
 
-    next[s] = begin(s) for each of SLOTS slots (the static split, in SLOTS contiguous parts)
-    for slot in parallel(SLOTS):                # TVM's static split, now of slots
-        item = claim(next, slot)
-        while item >= 0:
-            body(item)
-            item = claim(next, slot)
+    next[s], end[s] = the static split of the items into `slots` contiguous parts
+    for slot in parallel(slots):               # TVM's static split, now of slots
+        cursor = slot
+        item = claim(next, end, &cursor)
+        if item >= 0:
+            scratch = ...                      # the item's buffers, once per slot
+            while item >= 0:
+                body(item)
+                item = claim(next, end, &cursor)
 
-where ``claim`` takes the next item of the caller's own slot, and when that slot is spent
-the next item of the following slots in turn (an atomic add on a counter per slot, each
-on its own cache line). Left alone, every task runs exactly its static share in the same
-order as before (the rows a core wrote are the rows it reads next: f32_dense's docstring);
-only the tail of a slow core's share moves to a fast one. SLOTS is fixed at compile time
-and the thread count is not, so SLOTS is large (64): a task that gets several slots drains
-them in order, one claim loop after the other, and the loops after the first find the
-"all claimed" flag set and end at once.
+where ``claim`` takes the next item of the cursor's slot and, when that slot is spent,
+moves the cursor on to the following slots in turn (an atomic add on a counter per slot,
+each counter on its own cache line). Left alone, every task runs exactly its static share
+in the same order as before (the rows a core wrote are the rows it reads next:
+f32_dense's docstring); only the tail of a slow core's share moves to a fast one.
+
+The thread count is not known at compile time, so there are more slots than the target
+has cores (slots_for): a task given several slots drains them in order, from its first,
+and its later slots find the "all claimed" flag set and end at once. Each slot costs
+every call of the kernel a little (64 slots added 2.2 us to a trivial kernel, 8 slots
+0.3 us), so the count follows the target's cores.
 
 The claim function is LLVM IR (atomicrmw), imported into the kernel as the micro-kernels
 are; it has no target-specific instructions, so x86 and aarch64 kernels share it.
@@ -37,38 +43,59 @@ from tvm import tirx
 
 #: the loop annotation that asks for claimed items (read by ClaimWork after lowering)
 CLAIM_ITEMS = "portable_pe_claim_items"
-#: slots per loop: at least the threads any run uses (module docstring)
-SLOTS = 64
-#: int32 words between two slots' counters: a 64-byte cache line each, so a core claiming
-#: from its own slot does not take the line of another's
-_STRIDE = 16
+#: int32 words from one slot's counter to the next: a 64-byte cache line each, so two
+#: threads claiming from their own slots do not pass a line between them (packed, 8
+#: slots on one line made a 2000-item loop on 2 threads 3.7x slower)
+_LINE = 16
+#: slots when the target does not say how many cores it has
+_UNKNOWN_CORES_SLOTS = 64
 _CLAIM = "portable_pe_claim"
 
 
+def slots_for(target) -> int:
+    """Slots per claimed loop: twice the target's cores (SMT siblings), at least 8; 64
+    for a target without a core count. More threads than slots leave the extra idle."""
+    cores = int(target.attrs.get("num-cores", 0)) if target is not None else 0
+    return max(8, 2 * cores) if cores > 0 else _UNKNOWN_CORES_SLOTS
+
+
+def claim_layout(slots: int) -> tuple[int, int, int]:
+    """(word of the first slot's end, word of the all-claimed flag, words in all) of the
+    claim state: slot s's next item at word s * 16, the ends packed after the counters
+    (written once, before the launch), the flag on a line of its own."""
+    ends = slots * _LINE
+    flag = ends + -(-slots // _LINE) * _LINE
+    return ends, flag, flag + _LINE
+
+
 def claim_ir() -> str:
-    """LLVM IR of i32 portable_pe_claim(ptr next, i32 slot, i32 slots, i32 n): the next item
-    of `slot` or, once it is spent, of the slots after it in turn; -1 when every item is
-    claimed. next[s * 16] is slot s's next item; next[slots * 16] the all-claimed flag."""
-    s = _STRIDE
+    """LLVM IR of i32 portable_pe_claim(ptr state, ptr cursor, i32 slots): the next item of
+    slot *cursor or, once it is spent, of the slots after it in turn (*cursor then moves
+    to the slot it came from, so the next call starts there); -1 when every item is
+    claimed. `state` as claim_layout(slots) lays it out. The flag is read only once the
+    cursor's slot is spent: the common claim is two loads and an atomic add."""
     return f"""
-define internal i32 @{_CLAIM}(ptr %next, i32 %slot, i32 %slots, i32 %n) {{
+define internal i32 @{_CLAIM}(ptr %state, ptr %cursor, i32 %slots) {{
 entry:
-  %flag_at = mul i32 %slots, {s}
-  %flag_ptr = getelementptr i32, ptr %next, i32 %flag_at
-  %flag = load atomic i32, ptr %flag_ptr monotonic, align 4
-  %done = icmp ne i32 %flag, 0
-  br i1 %done, label %none, label %scan
+  %ends_at = mul i32 %slots, {_LINE}
+  %ends = getelementptr i32, ptr %state, i32 %ends_at
+  %lines_up = add i32 %slots, {_LINE - 1}
+  %lines = sdiv i32 %lines_up, {_LINE}
+  %ends_len = mul i32 %lines, {_LINE}
+  %flag_at = add i32 %ends_at, %ends_len
+  %flag_ptr = getelementptr i32, ptr %state, i32 %flag_at
+  %start = load i32, ptr %cursor, align 4
+  br label %scan
 scan:
-  %i = phi i32 [0, %entry], [%i_next, %spent]
-  %at = add i32 %slot, %i
+  %i = phi i32 [0, %entry], [%i_next, %next]
+  %at = add i32 %start, %i
   %wraps = icmp sge i32 %at, %slots
   %at_wrapped = sub i32 %at, %slots
   %s = select i1 %wraps, i32 %at_wrapped, i32 %at
-  %s1 = add i32 %s, 1
-  %s1n = mul i32 %s1, %n
-  %end = sdiv i32 %s1n, %slots
-  %word = mul i32 %s, {s}
-  %ptr = getelementptr i32, ptr %next, i32 %word
+  %end_ptr = getelementptr i32, ptr %ends, i32 %s
+  %end = load i32, ptr %end_ptr, align 4
+  %word = mul i32 %s, {_LINE}
+  %ptr = getelementptr i32, ptr %state, i32 %word
   %seen = load atomic i32, ptr %ptr monotonic, align 4
   %left = icmp slt i32 %seen, %end
   br i1 %left, label %take, label %spent
@@ -77,9 +104,17 @@ take:
   %ours = icmp slt i32 %got, %end
   br i1 %ours, label %found, label %spent
 found:
+  store i32 %s, ptr %cursor, align 4
   ret i32 %got
 spent:
   %i_next = add i32 %i, 1
+  %first = icmp eq i32 %i, 0
+  br i1 %first, label %check_flag, label %next
+check_flag:
+  %flag = load atomic i32, ptr %flag_ptr monotonic, align 4
+  %done = icmp ne i32 %flag, 0
+  br i1 %done, label %none, label %next
+next:
   %more = icmp slt i32 %i_next, %slots
   br i1 %more, label %scan, label %all_claimed
 all_claimed:
@@ -104,8 +139,9 @@ def _item_scratch(loop: tirx.For):
     their sizes are computed from (CSE's bindings of the key count); and the rest of the
     body. None where a scratch buffer's size depends on the item.
 
-    The scratch moves out of the while loop: allocated once per task, not once per item,
-    and freed where it was allocated (LowerTVMBuiltin frees a heap allocation at the end of
+    The scratch moves out of the while loop: allocated once per slot that gets an item
+    (once per thread, when the threads run as many slots each), not once per item, and
+    freed where it was allocated (LowerTVMBuiltin frees a heap allocation at the end of
     its enclosing scope, which a while loop's body is not: LLVM rejected the free as not
     dominated by its allocation)."""
     from .tir_util import _expr_vars, _node, _subexprs
@@ -129,22 +165,27 @@ def _item_scratch(loop: tirx.For):
     return hoisted, rest
 
 
-def _claimed_loop(loop: tirx.For) -> tirx.Stmt:
+def _claimed_loop(loop: tirx.For, slots: int) -> tirx.Stmt:
     """The statements that replace one annotated parallel loop (module docstring)."""
     i32 = "int32"
-    n = tirx.Cast(i32, loop.extent)
-    words = (SLOTS + 1) * _STRIDE
-    nxt = tirx.decl_buffer((words,), i32, name=f"{loop.loop_var.name}_next")
-    item = tirx.decl_buffer((1,), i32, name=f"{loop.loop_var.name}_item", scope="local")
+    n = tirx.Cast("int64", loop.extent)
+    ends_at, flag_at, words = claim_layout(slots)
+    nxt = tirx.decl_buffer((words,), i32, name=f"{loop.loop_var.name}_claims")
+    # [the item claimed, the slot the next claim starts at]
+    item = tirx.decl_buffer((2,), i32, name=f"{loop.loop_var.name}_item", scope="local")
     s = tirx.Var("s", i32)
     slot = tirx.Var(f"{loop.loop_var.name}_slot", i32)
-    claim = tirx.call_extern(i32, _CLAIM, nxt.access_ptr("rw"), slot, tirx.IntImm(i32, SLOTS), n)
-    # the slot's first item: s * n / SLOTS in 64 bits, as claim_ir computes the ends in 32
-    begin = tirx.Cast(i32, tirx.Cast("int64", s) * tirx.Cast("int64", n) // SLOTS)
+    claim = tirx.call_extern(i32, _CLAIM, nxt.access_ptr("rw"), item.access_ptr("rw", offset=1),
+                             tirx.IntImm(i32, slots))
+
+    def first_item(k):  # of slot k: k * n / slots, in 64 bits
+        return tirx.Cast(i32, tirx.Cast("int64", k) * n // slots)
     init = tirx.SeqStmt([
-        tirx.For(s, tirx.IntImm(i32, 0), tirx.IntImm(i32, SLOTS), tirx.ForKind.SERIAL,
-                 tirx.BufferStore(nxt, begin, [s * _STRIDE])),
-        tirx.BufferStore(nxt, tirx.IntImm(i32, 0), [tirx.IntImm(i32, SLOTS * _STRIDE)]),
+        tirx.For(s, tirx.IntImm(i32, 0), tirx.IntImm(i32, slots), tirx.ForKind.SERIAL, tirx.SeqStmt([
+            tirx.BufferStore(nxt, first_item(s), [s * _LINE]),
+            tirx.BufferStore(nxt, first_item(s + 1), [s + ends_at]),
+        ])),
+        tirx.BufferStore(nxt, tirx.IntImm(i32, 0), [tirx.IntImm(i32, flag_at)]),
     ])
     index = loop.min + tirx.Cast(str(loop.loop_var.ty), tirx.BufferLoad(item, [0]))
     scratch, rest = _item_scratch(loop)  # claim_work checks it is not None
@@ -153,13 +194,17 @@ def _claimed_loop(loop: tirx.For) -> tirx.Stmt:
         *rest,
         tirx.BufferStore(item, claim, [0]),
     ])
+    loop_of_claims = tirx.While(tirx.BufferLoad(item, [0]) >= 0, body)
     claims = tirx.SeqStmt([
-        *scratch,
         tirx.AllocBuffer(item),
+        tirx.BufferStore(item, slot, [1]),
         tirx.BufferStore(item, claim, [0]),
-        tirx.While(tirx.BufferLoad(item, [0]) >= 0, body),
+        # the scratch only where the first claim got an item: a task's later slots find
+        # every item claimed (its first slot went on to them) and allocate nothing
+        tirx.IfThenElse(tirx.BufferLoad(item, [0]) >= 0,
+                        tirx.SeqStmt([*scratch, loop_of_claims]) if scratch else loop_of_claims, None),
     ])
-    parallel = tirx.For(slot, tirx.IntImm(i32, 0), tirx.IntImm(i32, SLOTS), tirx.ForKind.PARALLEL, claims,
+    parallel = tirx.For(slot, tirx.IntImm(i32, 0), tirx.IntImm(i32, slots), tirx.ForKind.PARALLEL, claims,
                         annotations=_other_annotations(loop))
     return tirx.AttrStmt(slot, "pragma_import_llvm", tvm.ir.StringImm(claim_ir()),
                          tirx.SeqStmt([tirx.AllocBuffer(nxt), init, parallel]))
@@ -186,7 +231,8 @@ def claim_work(func: tirx.PrimFunc) -> tirx.PrimFunc:
             # left to the static split: correct, only not balanced
             return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, loop.body, loop.thread_binding,
                             _other_annotations(loop), getattr(loop, "step", None))
-        return _claimed_loop(loop)
+        return _claimed_loop(loop, slots)
+    slots = slots_for(func.attrs["target"] if func.attrs is not None and "target" in func.attrs else None)
     return func.with_body(structural_mutate(func.body, [(tirx.For, rewrite)]))
 
 
