@@ -26,6 +26,7 @@ from tvm.script import tirx as T
 from tvm_ffi.structural import structural_mutate
 
 from .bf16_isa import widen
+from .tir_util import loop_with
 
 AMX_TILE = 32  # rows and columns of the micro-kernel's float32 block (2 x 2 tiles)
 AMX_K = 32     # reduction elements per tile step (64 bytes of bf16 per row)
@@ -184,9 +185,7 @@ def open_amx_scopes(func):
         if AMX_SCOPE not in loop.annotations:
             return loop
         body = tirx.SeqStmt([tirx.Evaluate(amx_scope_call("begin")), loop.body, tirx.Evaluate(amx_scope_call("end"))])
-        annotations = {k: v for k, v in loop.annotations.items() if k != AMX_SCOPE}
-        return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding, annotations,
-                        getattr(loop, "step", None))
+        return loop_with(loop, body=body, without=AMX_SCOPE)
     # TVM 0.27's Python has no TIR mutator (stmt_functor); tvm_ffi's structural one serves
     return func.with_body(structural_mutate(func.body, [(tirx.For, scope)]))
 

@@ -19,7 +19,7 @@ from tvm import s_tir, tirx
 from tvm.sym import Analyzer
 from tvm.ir import IRModule
 
-from .tir_util import _blocks_under, _node, _region_buffer
+from .tir_util import _blocks_under, _node, _region_buffer, loop_with
 
 # Loop iterations (vector lanes counted one by one) below which a nest runs serially:
 # about 15-40 us of one core's work for elementwise code, the cost of one wake-up.
@@ -72,8 +72,7 @@ def _buffers_touched(stmt) -> list:
 
 
 def _serial(loop):
-    return tirx.For(loop.loop_var, loop.min, loop.extent, tirx.ForKind.SERIAL, loop.body,
-                    loop.thread_binding, loop.annotations)
+    return loop_with(loop, kind=tirx.ForKind.SERIAL)
 
 
 def serial_when_small(func: tirx.PrimFunc, limit: int = SERIAL_BELOW_ITERATIONS) -> tirx.PrimFunc:

@@ -143,6 +143,15 @@ def _loads_of_value(expr):
     return (e for e in _subexprs(expr) if _is_load(e))
 
 
+def loop_with(loop, *, kind=None, body=None, without: str | None = None):
+    """`loop` rebuilt with another kind or body, or without the annotation `without`; its
+    var, range, thread binding, other annotations and step kept (TVM 0.27's For has no
+    copy-with method)."""
+    annotations = {k: v for k, v in loop.annotations.items() if k != without}
+    return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind if kind is None else kind,
+                    loop.body if body is None else body, loop.thread_binding, annotations, getattr(loop, "step", None))
+
+
 def _stmt_children(stmt) -> list:
     """The statements directly under a scheduled-TIR statement (loops, sequences, ifs, blocks)."""
     kind = _node(stmt)

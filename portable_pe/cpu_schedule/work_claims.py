@@ -41,6 +41,8 @@ from __future__ import annotations
 import tvm
 from tvm import tirx
 
+from .tir_util import _expr_vars, _node, _subexprs, loop_with
+
 #: the loop annotation that asks for claimed items (read by ClaimWork after lowering)
 CLAIM_ITEMS = "portable_pe_claim_items"
 #: int32 words from one slot's counter to the next: a 64-byte cache line each, so two
@@ -144,7 +146,6 @@ def _item_scratch(loop: tirx.For):
     freed where it was allocated (LowerTVMBuiltin frees a heap allocation at the end of
     its enclosing scope, which a while loop's body is not: LLVM rejected the free as not
     dominated by its allocation)."""
-    from .tir_util import _expr_vars, _node, _subexprs
     per_item = {loop.loop_var}
     hoisted, rest = [], []
     for stmt in _flat(loop.body):
@@ -165,8 +166,9 @@ def _item_scratch(loop: tirx.For):
     return hoisted, rest
 
 
-def _claimed_loop(loop: tirx.For, slots: int) -> tirx.Stmt:
-    """The statements that replace one annotated parallel loop (module docstring)."""
+def _claimed_loop(loop: tirx.For, slots: int, scratch: list, rest: list) -> tirx.Stmt:
+    """The statements that replace one annotated parallel loop (module docstring); `scratch`
+    and `rest` split its body (_item_scratch)."""
     i32 = "int32"
     n = tirx.Cast("int64", loop.extent)
     ends_at, flag_at, words = claim_layout(slots)
@@ -188,7 +190,6 @@ def _claimed_loop(loop: tirx.For, slots: int) -> tirx.Stmt:
         tirx.BufferStore(nxt, tirx.IntImm(i32, 0), [tirx.IntImm(i32, flag_at)]),
     ])
     index = loop.min + tirx.Cast(str(loop.loop_var.ty), tirx.BufferLoad(item, [0]))
-    scratch, rest = _item_scratch(loop)  # claim_work checks it is not None
     body = tirx.SeqStmt([
         tirx.LetStmt(loop.loop_var, index),
         *rest,
@@ -205,17 +206,13 @@ def _claimed_loop(loop: tirx.For, slots: int) -> tirx.Stmt:
                         tirx.SeqStmt([*scratch, loop_of_claims]) if scratch else loop_of_claims, None),
     ])
     parallel = tirx.For(slot, tirx.IntImm(i32, 0), tirx.IntImm(i32, slots), tirx.ForKind.PARALLEL, claims,
-                        annotations=_other_annotations(loop))
+                        annotations={k: v for k, v in loop.annotations.items() if k != CLAIM_ITEMS})
     return tirx.AttrStmt(slot, "pragma_import_llvm", tvm.ir.StringImm(claim_ir()),
                          tirx.SeqStmt([tirx.AllocBuffer(nxt), init, parallel]))
 
 
 def _is_one(expr) -> bool:
     return isinstance(expr, tirx.IntImm) and int(expr) == 1
-
-
-def _other_annotations(loop: tirx.For) -> dict:
-    return {k: v for k, v in loop.annotations.items() if k != CLAIM_ITEMS}
 
 
 def claim_work(func: tirx.PrimFunc) -> tirx.PrimFunc:
@@ -227,11 +224,11 @@ def claim_work(func: tirx.PrimFunc) -> tirx.PrimFunc:
         if loop.kind != tirx.ForKind.PARALLEL or CLAIM_ITEMS not in loop.annotations:
             return loop
         step = getattr(loop, "step", None)
-        if _item_scratch(loop) is None or (step is not None and not _is_one(step)):
+        split = _item_scratch(loop)
+        if split is None or (step is not None and not _is_one(step)):
             # left to the static split: correct, only not balanced
-            return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, loop.body, loop.thread_binding,
-                            _other_annotations(loop), getattr(loop, "step", None))
-        return _claimed_loop(loop, slots)
+            return loop_with(loop, without=CLAIM_ITEMS)
+        return _claimed_loop(loop, slots, *split)
     slots = slots_for(func.attrs["target"] if func.attrs is not None and "target" in func.attrs else None)
     return func.with_body(structural_mutate(func.body, [(tirx.For, rewrite)]))
 
