@@ -111,7 +111,9 @@ def test_attention_becomes_one_kernel_and_matches_numpy(form):
 def test_wide_tiles_on_avx512_match_numpy_on_both_sides_of_their_width(form):
     """Head dim 64 on AVX-512: scores 2 x 32 columns and the output 2 x 32 at a time (the
     kernel's ``wide``), down to the narrower paths: lengths under 32, between 32 and 64
-    (the one-block path), over 64 with an overlapping last block (77, 130) and exact (64, 128)."""
+    (the one-block path), exact (64, 128), and over 64 with a last tile ending at S that
+    overlaps the one before: 16 columns (77, 130: 13 and 2 left), 32 (90: 26 left) and 64
+    (110: 46 left)."""
     bias_dims, bias_first = BIASES[form]
     module = _attention(bias_dims, bias_first=bias_first, head_dim=64)
     with AVX512:
@@ -121,7 +123,7 @@ def test_wide_tiles_on_avx512_match_numpy_on_both_sides_of_their_width(form):
     vm = relax.VirtualMachine(tvm.compile(module, target=AVX512, relax_pipeline=cpu_pipeline(AVX512),
                                           tir_pipeline=cpu_tir_pipeline(AVX512)), tvm.cpu())
     rng = np.random.default_rng(3)
-    for b, t in [(1, 1), (2, 20), (1, 40), (2, 64), (1, 77), (1, 128), (2, 130)]:
+    for b, t in [(1, 1), (2, 20), (1, 40), (2, 64), (1, 77), (1, 90), (1, 110), (1, 128), (2, 130)]:
         q, k, v = (rng.standard_normal((b, H, t, 64), dtype=np.float32) for _ in range(3))
         args, bias = [q, k, v], None
         if bias_dims is not None:

@@ -87,6 +87,32 @@ def attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float, mi: i
     def out_at(b, h, i, e):
         return (b, i, h * E + e) if merged_out else (b, h, i, e)
 
+    @T.macro
+    def score_tile(p, acc, acc2, q, kt, bias, b, h, i0, j0, Tq, cols, cols2):
+        """p[:, j0:j0 + cols + cols2] = the MI rows' scores · scale + bias: the first
+        `cols` columns (at most NJ) accumulate in acc, the `cols2` after them (0 or NJ) in
+        acc2; each broadcast of Q feeds (cols + cols2) / lanes FMAs."""
+        for r in T.unroll(mi):
+            for l in T.vectorized(cols):
+                acc[r, l] = T.float32(0)
+            if cols2 > 0:
+                for l in T.vectorized(cols2):
+                    acc2[r, l] = T.float32(0)
+        for d in range(D):
+            for r in T.unroll(mi):
+                for l in T.vectorized(cols):
+                    acc[r, l] = acc[r, l] + q[q_at(b, h, T.min(i0 + r, Tq - 1), d)] * kt[b, h, d, j0 + l]
+                if cols2 > 0:
+                    for l in T.vectorized(cols2):
+                        acc2[r, l] = acc2[r, l] + q[q_at(b, h, T.min(i0 + r, Tq - 1), d)] * kt[b, h, d, j0 + cols + l]
+        for r in T.unroll(mi):
+            for l in T.vectorized(cols):
+                p[r, j0 + l] = acc[r, l] * T.float32(scale) + bias[bias_at(b, h, T.min(i0 + r, Tq - 1), j0 + l)]
+            if cols2 > 0:
+                for l in T.vectorized(cols2):
+                    p[r, j0 + cols + l] = acc2[r, l] * T.float32(scale) + bias[
+                        bias_at(b, h, T.min(i0 + r, Tq - 1), j0 + cols + l)]
+
     @T.prim_func(private=True)
     def fused_attention(q_h: T.handle, kt_h: T.handle, v_h: T.handle, bias_h: T.handle, o_h: T.handle):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
@@ -114,48 +140,29 @@ def attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float, mi: i
             lane = T.decl_buffer((nj,), "float32")
             out = T.decl_buffer((mi, ec), "float32")
             out2 = T.decl_buffer((mi, ec), "float32")  # the wide tile's second half
-            # 1. scores · scale + bias, NJ columns at a time. The last block ends at S,
-            #    overlapping the one before (whose values it writes again unchanged), so
-            #    every load is a vector in bounds. Per-lane clamped columns (the narrow
-            #    case below) compile to scalar code, MI x NJ x D scalar FMAs per work item
-            #    however narrow the tail: at 224 x 224 (201 tokens, 6 full blocks and 9
-            #    columns) vit_rope_2d's attention took 2.29 ms of its 4 layers with a
+            # 1. scores · scale + bias, NJ columns at a time (2·NJ when wide). The last
+            #    tile ends at S, overlapping the one before (whose values it writes again
+            #    unchanged), so every load is a vector in bounds. Per-lane clamped columns
+            #    (the narrow case below) compile to scalar code, MI x NJ x D scalar FMAs per
+            #    work item however narrow the tail: at 224 x 224 (201 tokens, 6 full blocks
+            #    and 9 columns) vit_rope_2d's attention took 2.29 ms of its 4 layers with a
             #    clamped tail, 1.15 ms this way (2 threads).
-            if wide and S >= 2 * nj:  # the same, 2·NJ columns at a time
-                for jb in range((S + (2 * nj - 1)) // (2 * nj)):
-                    j0 = T.meta_var(T.min(jb * 2 * nj, S - 2 * nj))
-                    for r in T.unroll(mi):
-                        for l in T.vectorized(nj):
-                            acc[r, l] = T.float32(0)
-                            acc2[r, l] = T.float32(0)
-                    for d in range(D):
-                        for r in T.unroll(mi):
-                            for l in T.vectorized(nj):
-                                acc[r, l] = acc[r, l] + q[q_at(b, h, T.min(i0 + r, Tq - 1), d)] * kt[b, h, d, j0 + l]
-                            for l in T.vectorized(nj):
-                                acc2[r, l] = acc2[r, l] + q[q_at(b, h, T.min(i0 + r, Tq - 1), d)] * kt[
-                                    b, h, d, j0 + nj + l]
-                    for r in T.unroll(mi):
-                        for l in T.vectorized(nj):
-                            p[r, j0 + l] = acc[r, l] * T.float32(scale) + bias[
-                                bias_at(b, h, T.min(i0 + r, Tq - 1), j0 + l)]
-                        for l in T.vectorized(nj):
-                            p[r, j0 + nj + l] = acc2[r, l] * T.float32(scale) + bias[
-                                bias_at(b, h, T.min(i0 + r, Tq - 1), j0 + nj + l)]
+            if wide and S >= 2 * nj:
+                for jb in range(S // (2 * nj)):
+                    score_tile(p, acc, acc2, q, kt, bias, b, h, i0, jb * 2 * nj, Tq, nj, nj)
+                # the last S mod 2·NJ columns: the narrowest tile that covers them, of
+                # 16, 32 or 64 (at 201 tokens 9 columns: 16 instead of 64). The kernel alone,
+                # B = 8, 6 heads of 64, 2 threads, paired runs against a 64-column tail:
+                # 0.94 of its time at 201 tokens, 0.89 at 77, outputs bit for bit equal
+                if S % (2 * nj) > nj:
+                    score_tile(p, acc, acc2, q, kt, bias, b, h, i0, S - 2 * nj, Tq, nj, nj)
+                elif S % (2 * nj) > nj // 2:
+                    score_tile(p, acc, acc2, q, kt, bias, b, h, i0, S - nj, Tq, nj, 0)
+                elif S % (2 * nj) > 0:
+                    score_tile(p, acc, acc2, q, kt, bias, b, h, i0, S - nj // 2, Tq, nj // 2, 0)
             elif S >= nj:
                 for jb in range(s_pad // nj):
-                    j0 = T.meta_var(T.min(jb * nj, S - nj))
-                    for r in T.unroll(mi):
-                        for l in T.vectorized(nj):
-                            acc[r, l] = T.float32(0)
-                    for d in range(D):
-                        for r in T.unroll(mi):
-                            for l in T.vectorized(nj):
-                                acc[r, l] = acc[r, l] + q[q_at(b, h, T.min(i0 + r, Tq - 1), d)] * kt[b, h, d, j0 + l]
-                    for r in T.unroll(mi):
-                        for l in T.vectorized(nj):
-                            p[r, j0 + l] = acc[r, l] * T.float32(scale) + bias[
-                                bias_at(b, h, T.min(i0 + r, Tq - 1), j0 + l)]
+                    score_tile(p, acc, acc2, q, kt, bias, b, h, i0, T.min(jb * nj, S - nj), Tq, nj, 0)
             else:  # fewer columns than one block
                 for r in T.unroll(mi):
                     for l in T.vectorized(nj):
