@@ -193,7 +193,7 @@ def fusion_passes(*, fast_math: bool = True, precision: str = "fp32", failures: 
         # library dispatch
         relax.backend.DispatchSampling(),
         relax.backend.DispatchSortScan(),
-        *([CPUFastMath()] if fast_math else []),
+        *([CPUFastMath(bf16=precision == "bf16")] if fast_math else []),
         # legalize + fuse
         # (reshapes over compound symbolic dims stay views: reshape_views.py)
         relax.transform.LegalizeOps(customize_legalize_map=RESHAPE_VIEWS),
