@@ -54,7 +54,7 @@ def bf16_bits_expr(value, *, dtype: str = "uint16"):
     # bound once (a Let): the bits are read three times below, and a producer inlined into
     # this expression (pack_q's RoPE rotation) would otherwise be computed three times, so
     # the scheduler would keep it as a separate full-size intermediate instead
-    bits = tirx.Var("bits", "uint32")
+    bits = tirx.Var("bf16_rne_bits", "uint32")  # bf16_rounding.ROUNDING_VAR: it finds the rounding by it
     kept_lsb = tirx.bitwise_and(tirx.shift_right(bits, tirx.const(16, "uint32")), tirx.const(1, "uint32"))
     rounded = tirx.shift_right(bits + tirx.const(0x7FFF, "uint32") + kept_lsb, tirx.const(16, "uint32"))
     nan = tirx.bitwise_and(bits, tirx.const(0x7FFFFFFF, "uint32")) > tirx.const(0x7F800000, "uint32")

@@ -248,8 +248,9 @@ TIR_PIPELINE = "portable_pe_cpu"
 
 def _pipeline_factory():
     from tvm.s_tir.pipeline import default_s_tir_pipeline
+    from .bf16_rounding import NativeBF16Rounding
     lower, finalize_host, finalize_device = default_s_tir_pipeline()
-    return tvm.transform.Sequential([lower, ClaimWork]), finalize_host, finalize_device
+    return tvm.transform.Sequential([lower, ClaimWork, NativeBF16Rounding]), finalize_host, finalize_device
 
 
 def cpu_tir_pipeline(target) -> str:
