@@ -192,3 +192,10 @@ def test_torch_sdpa_decomposition_is_one_kernel_and_zeroes_fully_masked_rows():
             want = np.nan_to_num(_reference(q, k, v, mask), nan=0.0)
         assert np.isfinite(got).all()
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
+
+
+def test_the_row_reductions_refuse_a_lane_count_they_cannot_halve():
+    """softmax_rows halves the lane vector down to a pair: 12 lanes would drop 4 of them."""
+    from portable_pe.cpu_schedule.attention_tiles import attention_kernel
+    with pytest.raises(Exception, match="12 lanes; the row reductions take a power of two"):
+        attention_kernel(heads=1, qk_dim=16, v_dim=16, scale=1.0, mi=2, nj=12, ec=12)

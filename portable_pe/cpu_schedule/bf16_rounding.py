@@ -20,6 +20,7 @@ from tvm import tirx
 
 from .bf16_isa import BF16_ROUND_IR
 from .int8_isa import _features
+from .tir_util import each_prim_func
 
 #: the name of the Let variable bf16_bits_expr binds the float's bits to
 ROUNDING_VAR = "bf16_rne_bits"
@@ -71,7 +72,4 @@ def native_rounding(func: tirx.PrimFunc) -> tirx.PrimFunc:
 @tvm.transform.module_pass(opt_level=0, name="NativeBF16Rounding")
 def NativeBF16Rounding(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     """native_rounding on every PrimFunc of a lowered module."""
-    updates = {gv: native_rounding(f) for gv, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)}
-    for gv, f in updates.items():
-        mod[gv] = f
-    return mod
+    return each_prim_func(mod, native_rounding)

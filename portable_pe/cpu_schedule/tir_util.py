@@ -198,3 +198,12 @@ def without_extern_zero_fills(func, externs: tuple[str, ...]):
         return SBlock(block.iter_vars, block.reads, block.writes, block.name_hint, block.body, None,
                       block.alloc_buffers, block.match_buffers, block.annotations)
     return func.with_body(structural_mutate(func.body, [(SBlock, strip)]))
+
+
+def each_prim_func(mod, rewrite):
+    """`mod` with rewrite(func) in place of each of its PrimFuncs (the body of a module
+    pass that works one function at a time)."""
+    updates = {gv: rewrite(f) for gv, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)}
+    for gv, f in updates.items():
+        mod[gv] = f
+    return mod

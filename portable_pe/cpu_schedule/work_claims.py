@@ -41,7 +41,7 @@ from __future__ import annotations
 import tvm
 from tvm import tirx
 
-from .tir_util import _expr_vars, _node, _subexprs, loop_with
+from .tir_util import _expr_vars, _node, _subexprs, each_prim_func, loop_with
 
 #: the loop annotation that asks for claimed items (read by ClaimWork after lowering)
 CLAIM_ITEMS = "portable_pe_claim_items"
@@ -236,10 +236,7 @@ def claim_work(func: tirx.PrimFunc) -> tirx.PrimFunc:
 @tvm.transform.module_pass(opt_level=0, name="ClaimWork")
 def ClaimWork(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     """claim_work on every PrimFunc of a lowered module."""
-    updates = {gv: claim_work(f) for gv, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)}
-    for gv, f in updates.items():
-        mod[gv] = f
-    return mod
+    return each_prim_func(mod, claim_work)
 
 
 #: the name of TVM's default TIR pipeline followed by ClaimWork, once registered
