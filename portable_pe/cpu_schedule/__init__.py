@@ -27,7 +27,9 @@ vectorized, register-tiled CPU schedule without any tuning:
   whose work is too small to pay for waking the thread pool runs serially;
 * the matmuls' and attention's work items are claimed by the threads at run time, each
   thread's static share first, instead of split statically (``work_claims``, a TIR pass
-  after lowering: ``cpu_tir_pipeline(target)`` for ``tvm.compile(..., tir_pipeline=...)``).
+  after lowering: ``cpu_tir_pipeline(target)`` for ``tvm.compile(..., tir_pipeline=...)``);
+* in the same pipeline, bf16 roundings that vectorized to 16 lanes become one
+  ``vcvtneps2bf16`` where the CPU has AVX512-BF16 (``bf16_rounding``).
 
 Symbolic extents are handled by splitting with fixed factors; TVM adds a
 predicate for the tail and the TIR ``LoopPartition`` pass peels it.
@@ -42,7 +44,8 @@ Public API
 ``cpu_pipeline(target) -> Pass``
     A full Relax pipeline for ``tvm.compile(..., relax_pipeline=...)``.
 ``work_claims.cpu_tir_pipeline(target) -> str``
-    The TIR pipeline to build it with (TVM's default, then ``ClaimWork``).
+    The TIR pipeline to build it with (TVM's default, then ``ClaimWork`` and
+    ``NativeBF16Rounding``).
 
 Modules
 -------
@@ -56,7 +59,8 @@ Modules
 ``f32_tiles``  the float32 AVX-512 micro-kernel (12 x 32, LLVM IR) and its tensor intrinsic
 ``f32_dense``  the float32 dense schedule around it: (row tile, core group) work items
 ``reduction``  the row-reduction-chain rule (softmax / norms)
-``fast_math``  ``CPUFastMath``: vectorizable gelu/softmax/exp/erf/tanh
+``fast_math``  ``CPUFastMath``: vectorizable gelu/softmax/exp/erf/tanh (bf16 builds: a cheaper
+               erf), x / constant as x · (1/constant)
 ``attention`` ``FuseAttention``: softmax(Q·Kᵀ·c [+ bias])·V as one hand-scheduled kernel
 ``head_reshapes``  ``FusableHeadReshapes``: head splits/merges FuseOps can fuse at a symbolic T
 ``patch_stem``  ``PatchStemAsMatmul``: a vision stem (conv, stride = kernel) as a matmul
@@ -64,6 +68,8 @@ Modules
 ``weight_packing``  constant weights marked, packing split out and folded at compile time
 ``small_work`` ``SerialWhenSmall``: serial copies of parallel nests, chosen by work size
 ``work_claims``  ``ClaimWork``: annotated parallel loops whose items threads claim at run time
+``bf16_rounding``  ``NativeBF16Rounding``: 16-lane bf16 roundings as one vcvtneps2bf16
+``softmax_rows``  the attention kernels' per-row max and 1/sum, reduced by halving
 ``pipeline``   rule dispatch per PrimFunc and the Relax pass lists / pipeline
 """
 
