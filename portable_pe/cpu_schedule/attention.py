@@ -23,7 +23,8 @@ from .bf16_isa import bf16_kernel
 from .fast_math import _fast_exp  # noqa: F401 (the kernels' exp; tests import it from here)
 from .head_layouts import merged_output, projection_rows
 from .matmul import _register_tile
-from .relax_util import INJECTIVE, OPAQUE, _mutate_relax_functions, _tensor_type, bound_call, mark_op_pattern, rewrite_matmul
+from .relax_util import (INJECTIVE, OPAQUE, _mutate_relax_functions, _tensor_type, bound_call, constant_array,
+                         mark_op_pattern, rewrite_matmul)
 from .tir_util import _const_int, _vector_lanes
 
 logger = logging.getLogger(__package__)
@@ -33,10 +34,8 @@ logger = logging.getLogger(__package__)
 # Relax: find softmax(matmul(Q, Kᵀ) · c [+ bias]) @ V and call the fused kernel instead
 # --------------------------------------------------------------------------------------
 def _scalar_constant(expr) -> float | None:
-    # TVM 0.27: Relax constants are tvm.ir.GenericConst, their tensor in ``value``
-    if isinstance(expr, tvm.ir.GenericConst) and expr.value.numpy().size == 1:
-        return float(expr.value.numpy().reshape(()))
-    return None
+    value = constant_array(expr)
+    return float(value.reshape(())) if value is not None and value.size == 1 else None
 
 
 @relax.expr_functor.mutator

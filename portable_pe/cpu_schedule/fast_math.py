@@ -11,7 +11,7 @@ import tvm
 from tvm import relax
 from tvm.ir import IRModule
 
-from .relax_util import _mutate_relax_functions
+from .relax_util import _mutate_relax_functions, constant_array
 
 _LOG2E = 1.4426950408889634
 # ln 2 in two parts (Cody-Waite): n * _LN2_HI is exact in float32 for |n| <= 127, so
@@ -158,11 +158,8 @@ def _times_reciprocal(call):
     That dense (1608 x 384 x 1536, one thread) took 13.46 ms with the division and 12.90
     with the multiplication. The result differs from the division's by at most an ulp or
     so, as compilers' -freciprocal-math does."""
-    divisor = call.args[1]
-    if not isinstance(divisor, tvm.ir.GenericConst):  # TVM 0.27: Relax constants
-        return call
-    value = divisor.value.numpy()
-    if value.size != 1 or value.dtype != np.float32:
+    value = constant_array(call.args[1])
+    if value is None or value.size != 1 or value.dtype != np.float32:
         return call
     with np.errstate(divide="ignore", over="ignore"):
         inverse = (1.0 / value.astype(np.float64)).astype(np.float32)

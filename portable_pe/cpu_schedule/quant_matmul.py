@@ -35,14 +35,9 @@ from tvm import relax, te
 from tvm.ir import IRModule
 
 from .int8_isa import int8_isa
-from .relax_util import _mutate_relax_functions, _tensor_type, bound_call, rewrite_matmul
+from .relax_util import _mutate_relax_functions, _tensor_type, bound_call, constant_array, rewrite_matmul
 
 logger = logging.getLogger(__package__)
-
-
-def _constant(expr) -> np.ndarray | None:
-    # TVM 0.27: Relax constants are tvm.ir.GenericConst, their tensor in ``value``
-    return expr.value.numpy() if isinstance(expr, tvm.ir.GenericConst) else None
 
 
 def _int_matmul(a: te.Tensor, w: te.Tensor) -> te.Tensor:
@@ -74,8 +69,8 @@ class _Lowerer(relax.PyExprMutator):  # pylint: disable=abstract-method
         if act is None or wgt is None or str(act.attrs.out_dtype) != "float32":
             return None
         q, s_a, z_a = act.args
-        w, s_w, z_w = (_constant(x) for x in wgt.args)
-        s_a, z_a = _constant(s_a), _constant(z_a)
+        w, s_w, z_w = (constant_array(x) for x in wgt.args)
+        s_a, z_a = constant_array(s_a), constant_array(z_a)
         q_info = _tensor_type(q)
         if s_a is None or z_a is None or s_a.size != 1 or z_a.size != 1 or q_info is None:
             return None

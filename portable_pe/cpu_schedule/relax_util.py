@@ -11,6 +11,12 @@ from tvm.ir import IRModule
 logger = logging.getLogger(__package__)
 
 
+def constant_array(expr):
+    """A Relax constant's value as a numpy array; None for anything else (TVM 0.27: Relax
+    constants are tvm.ir.GenericConst, their tensor in ``value``)."""
+    return expr.value.numpy() if isinstance(expr, tvm.ir.GenericConst) else None
+
+
 def _tensor_type(expr):
     """(dtype, dims) of a Relax tensor expression with a known shape, else None.
 

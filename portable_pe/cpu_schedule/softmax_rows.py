@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 #: the widest lane vector the halving reductions below take
 _MAX_LANES = 64
 
