@@ -33,7 +33,7 @@ from .amx_tiles import AMX_K, AMX_TILE
 from .bf16_isa import bf16_kernel, needed_features, target_arch
 from .bf16_matmul import FITS
 from .relax_util import (INJECTIVE, OUT_ELEMWISE_FUSABLE, _mutate_relax_functions, _tensor_type, bound_call,
-                         mark_op_pattern, rewrite_matmul)
+                         constant_array, mark_op_pattern, rewrite_matmul)
 
 logger = logging.getLogger(__package__)
 
@@ -104,10 +104,8 @@ def _constant_weight(mutator, expr) -> np.ndarray | None:
                 return inner.T
             return None
         expr = mutator.lookup_binding(expr)
-    if isinstance(expr, tvm.ir.GenericConst):  # TVM 0.27: Relax constants, their tensor in ``value``
-        value = expr.value.numpy()
-        return value if value.dtype == np.float32 and value.ndim == 2 else None
-    return None
+    value = constant_array(expr)
+    return value if value is not None and value.dtype == np.float32 and value.ndim == 2 else None
 
 
 @relax.expr_functor.mutator
