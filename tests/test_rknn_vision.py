@@ -64,6 +64,31 @@ def test_a_pinned_swin_builds_on_the_npu_with_its_window_partition_at_rank_four(
     assert simulated["last_hidden_state"]["cosine"] > 0.99, simulated
 
 
+@needs_rknn
+def test_a_pinned_swin_at_224_matches_pytorch_in_rknns_fp16_simulator(tmp_path):
+    """At 224x224 (196 windows of 2 x 2 patches in stage 2) RKNN computed the transposed head
+    merge [196, 4, 4, 8] wrong: fp16 simulator cosine 0.997184 against PyTorch. The graph
+    RKNN is handed has each merge as a concatenation of the heads (npu/head_merge.py):
+    measured 181 ops on the NPU, 0 on the CPU, cosine 1.000000."""
+    import onnx
+    from portable_pe.npu.head_merge import CONCAT_OF_HEADS
+    _, path = export_vision("swin", tmp_path / "swin.onnx", exporter="torchscript")
+    st = prepare(str(path), target="npu", shapes={"pixel_values": [1, 3, 224, 224]}, through="vendor",
+                 target_options={"profile": "rknpu2", "npu_dtype": "fp16", "vendor_build": "require"},
+                 host_build=False, log=lambda m: None)
+    handed = onnx.ModelProto.FromString(st.files["rknn/model.onnx"])
+    assert sum(n.name.endswith(CONCAT_OF_HEADS) for n in handed.graph.node) == 4  # one per block, 2 stages of 2
+    vendor = st.report["vendor"]
+    assert vendor["placement"]["ops_cpu"] == 0, vendor["placement"]["cpu_ops"]
+    import numpy as np
+    import onnxruntime as ort
+    x = {"pixel_values": np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)}
+    exported = ort.InferenceSession(str(path)).run(None, x)[0]
+    assert np.abs(ort.InferenceSession(handed.SerializeToString()).run(None, x)[0] - exported).max() < 1e-4
+    simulated = vendor["simulator"]["last_hidden_state"]
+    assert simulated["cosine"] >= 0.999, simulated  # #23's fp16 goal
+
+
 def test_a_dynamic_image_is_refused_for_the_npu_with_the_fix(tmp_path):
     _, path = export_vision("vit", tmp_path / "vit.onnx", exporter="torchscript")
     with pytest.raises(ValueError, match=r"pass --shape pixel_values=1x3xHxW"):

@@ -49,8 +49,13 @@ RUNTIME_NOTE = ("on the board: rknn-toolkit-lite2 (Python, RKNNLite: load_rknn('
 
 
 def vendor_graph(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The graph RKNN is handed: the default opset lowered to MAX_OPSET (19)."""
+    """The graph RKNN is handed: attention's head merges written as concatenations
+    (head_merge.py: RKNN computed a transposed one wrong), the default opset lowered to
+    MAX_OPSET (19)."""
     from onnx import version_converter
+    from .head_merge import concat_head_merges
+    model = onnx.ModelProto.FromString(model.SerializeToString())  # the host graph stays as it is
+    concat_head_merges(model)
     version = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), MAX_OPSET)
     if version <= MAX_OPSET:
         return model
