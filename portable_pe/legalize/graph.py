@@ -7,6 +7,15 @@ import copy
 import onnx
 
 
+def readers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
+    """{tensor name: the nodes that read it, in graph order}."""
+    found: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            found.setdefault(name, []).append(node)
+    return found
+
+
 def _dce(graph: onnx.GraphProto):
     needed = {o.name for o in graph.output}
     keep = []

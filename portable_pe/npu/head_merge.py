@@ -36,6 +36,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ..legalize.graph import readers as graph_readers
+
 #: the suffix of a rewritten merge's Concat node, by which a report counts them
 CONCAT_OF_HEADS = "_concat_of_heads"
 
@@ -46,14 +48,12 @@ def concat_head_merges(model: onnx.ModelProto) -> int:
     the change."""
     from .profiles import _shapes
     g = model.graph
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for n in g.node:
-        for name in n.input:
-            readers.setdefault(name, []).append(n)
+    readers = graph_readers(g)
     shapes = _shapes(model)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
     replaced: dict[int, list[onnx.NodeProto]] = {}
     dropped: set[int] = set()
+    targets: set[str] = set()  # the merging Reshapes' shape inputs
     for transpose in g.node:
         reshape = _merging_reshape(transpose, readers, shapes)
         if reshape is None:
@@ -71,6 +71,7 @@ def concat_head_merges(model: onnx.ModelProto) -> int:
             helper.make_node("Concat", views, [reshape.output[0]], axis=len(batch) + 1,
                              name=f"{stem}{CONCAT_OF_HEADS}")]
         dropped.add(id(transpose))
+        targets.add(reshape.input[1])
     if not replaced:
         return 0
     nodes = []
@@ -81,8 +82,8 @@ def concat_head_merges(model: onnx.ModelProto) -> int:
             nodes.append(n)
     del g.node[:]
     g.node.extend(nodes)
-    still_read = {name for n in g.node for name in n.input}
-    for init in [i for i in g.initializer if i.name not in still_read]:  # the merges' own view targets
+    unread = targets - {name for n in g.node for name in n.input}
+    for init in [i for i in g.initializer if i.name in unread]:
         g.initializer.remove(init)
     del g.value_info[:]  # the transposed tensors are gone
     return len(replaced)

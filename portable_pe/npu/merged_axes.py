@@ -15,15 +15,14 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ..legalize.graph import readers as graph_readers
+
 
 def merge_transposed_axes(model: onnx.ModelProto, *, max_rank: int) -> int:
     """Rewrite `model` in place; returns how many Transposes now run at rank <= max_rank."""
     inits = {i.name: i for i in model.graph.initializer}
     producer = {o: n for n in model.graph.node for o in n.output}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for n in model.graph.node:
-        for name in n.input:
-            readers.setdefault(name, []).append(n)
+    readers = graph_readers(model.graph)
     merged = 0
     for node in model.graph.node:
         if node.op_type != "Transpose":
