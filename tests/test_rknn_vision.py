@@ -70,7 +70,9 @@ def test_a_pinned_swin_at_224_matches_pytorch_in_rknns_fp16_simulator(tmp_path):
     merge [196, 4, 4, 8] wrong: fp16 simulator cosine 0.997184 against PyTorch. The graph
     RKNN is handed has each merge as a concatenation of the heads (npu/head_merge.py):
     measured 181 ops on the NPU, 0 on the CPU, cosine 1.000000."""
+    import numpy as np
     import onnx
+    import onnxruntime as ort
     from portable_pe.npu.head_merge import CONCAT_OF_HEADS
     _, path = export_vision("swin", tmp_path / "swin.onnx", exporter="torchscript")
     st = prepare(str(path), target="npu", shapes={"pixel_values": [1, 3, 224, 224]}, through="vendor",
@@ -80,8 +82,7 @@ def test_a_pinned_swin_at_224_matches_pytorch_in_rknns_fp16_simulator(tmp_path):
     assert sum(n.name.endswith(CONCAT_OF_HEADS) for n in handed.graph.node) == 4  # one per block, 2 stages of 2
     vendor = st.report["vendor"]
     assert vendor["placement"]["ops_cpu"] == 0, vendor["placement"]["cpu_ops"]
-    import numpy as np
-    import onnxruntime as ort
+    # the graph RKNN is handed computes what the export does (the rewrite is exact)
     x = {"pixel_values": np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)}
     exported = ort.InferenceSession(str(path)).run(None, x)[0]
     assert np.abs(ort.InferenceSession(handed.SerializeToString()).run(None, x)[0] - exported).max() < 1e-4
