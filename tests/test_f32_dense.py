@@ -56,10 +56,17 @@ def _scheduled_kernel(mod):
     return kernel
 
 
+def _kernel_calls(func):
+    return [s.value for s in _walk(func.body) if _node(s) == "Evaluate" and _node(s.value) == "Call"
+            and getattr(s.value.op, "name", "") == "tirx.call_extern"
+            and str(s.value.args[0].value).startswith("portable_pe_f32_")]
+
+
 def test_the_dense_is_row_tiles_by_core_groups_around_the_micro_kernel():
     """One parallel loop over (row tile, column group): the groups inside the row tile so
-    a thread's contiguous share of items is whole rows; the rows' padded copy made in the
-    item with its row stride off L1's set stride; each tile one micro-kernel call."""
+    a thread's contiguous share of items is whole rows; each tile one micro-kernel call,
+    reading its rows of x where they lie (no padded copy of them: rows_in_place) and told
+    how many rows x has from the tile's first on."""
     rng = np.random.default_rng(0)
     mod, _, _ = _dense(256, 128, "gelu", rng)
     kernel = _scheduled_kernel(mod)
@@ -74,45 +81,86 @@ def test_the_dense_is_row_tiles_by_core_groups_around_the_micro_kernel():
         bound = Analyzer()
         bound.bind(rows, count)
         assert int(bound.simplify(extent)) == -(-count // F32_TILE_ROWS) * groups, (count, extent)
-    pads = [blk for blk in _blocks_under(parallel[0].body) if blk.name_hint.endswith("_pad")]
-    assert pads, "the rows' padded copy is made inside the work items"
-    aligned = [blk for blk in _blocks_under(kernel.body) if "buffer_dim_align" in blk.annotations]
-    assert aligned and aligned[0].name_hint.endswith("_pad"), script
+    assert not [blk for blk in _blocks_under(kernel.body) if blk.name_hint.endswith("_pad") and blk.name_hint.startswith("x")], \
+        script
+    (call,) = _kernel_calls(kernel)
+    (tile,) = [blk for blk in _blocks_under(kernel.body) if blk.name_hint.endswith("_o")]
+    (a_rows,) = [mb for mb in tile.match_buffers if mb.buffer.name == "A"]
+    assert a_rows.source.source.name == "x", script
+    # rows left at 151 rows, from the 13th tile (rows 144-150) on
+    (tile_var,) = [v for v in _expr_vars(call.args[-1]) if not v.same_as(rows)]
+    bound = Analyzer()
+    bound.bind(rows, 151)
+    bound.bind(tile_var, 12)
+    assert int(bound.simplify(call.args[-1])) == 7, call.args[-1]
 
 
 @pytest.mark.parametrize("batched", [False, True])
-def test_the_rows_copy_has_its_row_stride_off_the_l1_set_stride(batched):
-    """The copy's row stride is 16 floats more than a multiple of 64 (a cache line between
-    consecutive rows' sets), with and without batch dims in front: an encoder's input is
-    [batch, seq, K], where aligning the first axis padded the batch stride and left 12 rows
-    K floats apart (K = 1024: all twelve in one L1 set)."""
+def test_the_rows_are_read_in_place_after_lowering(batched):
+    """After TVM's lowering no buffer of padded rows is left, with and without batch dims
+    in front (an encoder's input is [batch, seq, K]; the tiles then run along seq)."""
     from tvm import s_tir
     k = 1024
     w = (np.random.default_rng(0).standard_normal((k, 64)) * 0.1).astype("float32")
     dims = [tirx.Var("batch", "int64"), tirx.Var("seq", "int64")] if batched else [tirx.Var("rows", "int64")]
+    with AVX512:
+        lowered = tvm.transform.Sequential([
+            s_tir.transform.LowerInitBlock(), s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
+            s_tir.transform.ConvertBlocksToOpaque(), s_tir.transform.CompactBufferAllocation()])(
+            tvm.IRModule({"main": _legalized_matmul_kernel(dims, w)}))["main"]
+    allocated = [buf.name for blk in _blocks_under(lowered.body) for buf in blk.alloc_buffers]
+    assert "x_pad" not in allocated and any(name.endswith("_pad") for name in allocated), lowered.script()
+    assert len(_kernel_calls(lowered)) == 1, lowered.script()
+
+
+def _legalized_matmul_kernel(dims, w):
+    """x [*dims, K] @ w, legalized as TVM does (the fp32 fusion passes would flatten
+    [batch, seq] into rows) and scheduled."""
+    from portable_pe.cpu_schedule.pipeline import CPUDefaultSchedule, MarkConstantWeights
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType([*dims, k], "float32"))
+    x = relax.Var("x", relax.TensorType([*dims, w.shape[0]], "float32"))
     with bb.function("main", [x]):
         with bb.dataflow():
             out = bb.emit_output(bb.emit(relax.op.matmul(x, relax.const(w))))
         bb.emit_func_output(out)
-    # legalized as TVM does (the fp32 fusion passes would flatten [batch, seq] into rows)
-    from portable_pe.cpu_schedule.pipeline import CPUDefaultSchedule, MarkConstantWeights
     with AVX512:
         legalized = tvm.transform.Sequential([
             relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(),
             relax.transform.FuseOps(), relax.transform.FuseTIR(), MarkConstantWeights,
             CPUDefaultSchedule(AVX512)])(bb.get())
     (kernel,) = [f for gv, f in legalized.functions_items() if isinstance(f, tirx.PrimFunc) and "matmul" in gv.name_hint]
-    with AVX512:
-        lowered = tvm.transform.Sequential([
-            s_tir.transform.LowerInitBlock(), s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
-            s_tir.transform.ConvertBlocksToOpaque(), s_tir.transform.CompactBufferAllocation()])(
-            tvm.IRModule({"main": kernel}))["main"]
-    pads = [buf for blk in _blocks_under(lowered.body) for buf in blk.alloc_buffers if buf.name == "x_pad"]
-    assert len(pads) == 1, lowered.script()
-    row_stride = int(pads[0].strides[-2])
-    assert row_stride >= k and row_stride % 64 == 16, lowered.script()
+    return kernel
+
+
+@runs_here
+def test_batched_rows_read_in_place_match_numpy_at_ragged_lengths():
+    """[batch, seq, K] with seq not a multiple of the 12-row tile: each batch's last tile
+    reads only its own rows (the ones past seq repeat its last row), never the next
+    batch's or past the end of x."""
+    from portable_pe.backends.llvm import tvm_target
+    from portable_pe.backends.targets import load_target
+    rng = np.random.default_rng(7)
+    k, n = 96, 64
+    w = (rng.standard_normal((k, n)) * 0.1).astype("float32")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([tirx.Var("batch", "int64"), tirx.Var("seq", "int64"), k], "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.matmul(x, relax.const(w))))
+        bb.emit_func_output(out)
+    target = tvm_target(load_target("llvm"))
+    legalize = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+                                         relax.transform.FoldConstant(), relax.transform.FuseOps(),
+                                         relax.transform.FuseTIR()])
+    mod = legalize(bb.get())
+    assert "portable_pe_f32_12x32" in cpu_pipeline(target)(mod).script(show_meta=False)
+    vm = relax.VirtualMachine(tvm.compile(mod, target=target, relax_pipeline=cpu_pipeline(target),
+                                          tir_pipeline=cpu_tir_pipeline(target)), tvm.cpu())
+    for batch, seq in ((3, 13), (2, 1), (1, 11), (2, 24)):
+        xs = rng.standard_normal((batch, seq, k)).astype("float32")
+        got = vm["main"](tvm.runtime.tensor(xs)).numpy()
+        np.testing.assert_allclose(got, xs.astype("float64") @ w.astype("float64"), rtol=1e-5,
+                                   atol=1e-5 * np.sqrt(k), err_msg=f"batch={batch} seq={seq}")
 
 
 @runs_here

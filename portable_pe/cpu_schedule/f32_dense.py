@@ -2,9 +2,9 @@
 constant weight with N a multiple of 32 and a static K:
 
     for (batch, io, g) in parallel:   # row tiles of 12 x column groups (one per core);
-      A12 = rows io of A, padded      #   a 12 x K copy in L1, row stride 16 floats off 64
       for jo in group g's panels:
-        C = A12 x W[:, jo]            # one micro-kernel call over the whole K
+        C = A[io] x W[:, jo]          # one micro-kernel call over the whole K, reading
+                                      #   the tile's rows of A where they lie
         epilogue on C                 # bias, activation, residual, while C is in L1
 
 The items (row tile, group) run in that order, row-major, for weights up to 1.5 MiB
@@ -19,23 +19,25 @@ keeping only its half (DINOv3-S at 224 x 224, B = 1: 34.2 ms, against 35.0 row-m
 throughout and 34.5 groups-outermost throughout). The groups sit inside the row tile,
 not one item per row tile, so a small M (11 tiles at T = 128) still splits evenly.
 
-Why the padded copy per item: the micro-kernel reads 12 rows of A at once; K floats apart
-(4 KiB for K = 1024) they would all fall in one L1 set.
+The row axis is padded to whole tiles (pad_einsum: a dynamic row count, or one that 12
+does not divide), which also adds a zero-padded copy of each tile's rows; rows_in_place
+then drops that copy, the micro-kernel reading the rows in place and repeating the last
+real one past the end of A. The copy had been kept so the 12 rows, K floats apart (4 KiB
+at K = 1024), would not share one L1 set; measured, reading them in place was faster
+everywhere (2 threads, against the FMA peak measured in alternation): K 1024 x N 256 at
+M 1024 0.84 -> 0.89 of the peak, K 1536 x N 384 at M 1608 0.81 -> 0.88, K <= 384 unchanged.
 """
 
 from __future__ import annotations
 
 from .f32_tiles import F32_PANEL, F32_TILE_COLUMNS, F32_TILE_ROWS, f32_intrin, f32_ir
+from .rows_in_place import ROWS_IN_PLACE
 from .loops import _parallel_outer, _vectorize_inner, row_major_items
 from .matmul import _pack_constant_weight, _packable_weight, _pad_to_tiles
 from .small_work import WORK_ITERATIONS
-from .tir_util import _loop_extent, _num_cores, _region_buffer, _vector_lanes
+from .tir_util import _loop_extent, _num_cores, _vector_lanes
 from .work_claims import CLAIM_ITEMS
 
-#: the row stride of A's padded copy, in floats, is _ROW_PADDING more than a multiple of
-#: _ROW_ALIGN: consecutive rows start one cache line apart in L1's sets (module docstring)
-_ROW_ALIGN = 64
-_ROW_PADDING = 16
 
 
 def fits_f32_tiles(sch, mm_block, target) -> bool:
@@ -84,12 +86,10 @@ def schedule_f32_dense(sch, mm_block, other_blocks, target) -> bool:
     items = _parallel_outer(sch, item_loops)
     sch.annotate(items, CLAIM_ITEMS, 1)
     for pad in row_pads:
+        # per item, as the copy would run were it kept; rows_in_place drops it
         sch.compute_at(pad, items, preserve_unit_loops=True)
         _vectorize_inner(sch, sch.get_loops(pad)[-1], lanes)
-        # the row axis is the copy's second-to-last (batch dims come first): the stride of
-        # that axis is the one to pad
-        row_axis = len(_region_buffer(sch.get(pad).writes[0]).shape) - 2
-        sch.storage_align(pad, 0, axis=row_axis, factor=_ROW_ALIGN, offset=_ROW_PADDING)
+        sch.annotate(pad, ROWS_IN_PLACE, 1)
     name = sch.get(mm_block).name_hint
     sch.tensorize(ii, f32_intrin(ext_k))
     # the call's multiply-adds, for SerialWhenSmall (it would count the call as one iteration)

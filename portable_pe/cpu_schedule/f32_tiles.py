@@ -36,17 +36,29 @@ _PREFETCH_STEPS = 32
 
 
 def micro_kernel_ir(rows: int) -> str:
-    """LLVM IR of portable_pe_f32_{rows}x32(c, ldc, a, lda, b, ldb, k): strides in elements;
-    b the first of two [K, 16] panels, ldb apart; k >= 1."""
+    """LLVM IR of portable_pe_f32_{rows}x32(c, ldc, a, lda, b, ldb, k, rows_left): strides
+    in elements; b the first of two [K, 16] panels, ldb apart; k >= 1; rows_left (i32,
+    >= 1) the rows of A from a on. Only the first min(rows, rows_left) rows of a are read: past
+    them a tile (the last of A, read in place: rows_in_place) repeats the last row that
+    is there, and C's rows past them hold that row's results. (The clamp is in here, not
+    a min() in the caller's TIR: TVM's loop partitioning split the work-item loop on such
+    a min and lost the loop's import of this kernel.)"""
     name = f"{F32_KERNEL}{rows}x32"
     acc = [(r, v) for r in range(rows) for v in range(2)]
     vec = f"<{_LANES} x float>"
     lines = [
-        f"define internal i32 @{name}(ptr %c, i64 %ldc, ptr %a, i64 %lda, ptr %b, i64 %ldb, i64 %k) {{",
+        f"define internal i32 @{name}(ptr %c, i64 %ldc, ptr %a, i64 %lda, ptr %b, i64 %ldb, i64 %k, "
+        "i32 %rows_left32) {",
         "entry:",
+        "  %rows_left = zext i32 %rows_left32 to i64",
+        f"  %short = icmp ult i64 %rows_left, {rows}",
+        f"  %real_rows = select i1 %short, i64 %rows_left, i64 {rows}",
+        "  %last_row = sub i64 %real_rows, 1",
     ]
     for r in range(rows):
-        lines.append(f"  %ra{r}.off = mul i64 %lda, {r}")
+        lines.append(f"  %past{r} = icmp ugt i64 {r}, %last_row")
+        lines.append(f"  %row{r} = select i1 %past{r}, i64 %last_row, i64 {r}")
+        lines.append(f"  %ra{r}.off = mul i64 %lda, %row{r}")
         lines.append(f"  %ra{r} = getelementptr float, ptr %a, i64 %ra{r}.off")
     lines.append("  %b_second = getelementptr float, ptr %b, i64 %ldb")
     lines += ["  br label %loop", "loop:", "  %kk = phi i64 [0, %entry], [%kn, %loop]"]
@@ -131,7 +143,7 @@ def f32_intrin(k: int, rows: int = F32_TILE_ROWS) -> str:
             T.reads(A[0:rows, 0:k], B[0:2, 0:k, 0:16])
             T.writes(C[0:rows, 0:32])
             T.evaluate(T.call_extern("int32", f"{F32_KERNEL}{rows}x32", C.access_ptr("w"), sc,
-                                     A.access_ptr("r"), sa, B.access_ptr("r"), sb, T.int64(k)))
+                                     A.access_ptr("r"), sa, B.access_ptr("r"), sb, T.int64(k), T.int32(rows)))
 
     TensorIntrin.register(name, desc, impl)
     return name

@@ -21,6 +21,7 @@ from .bf16_matmul import is_bf16_matmul, schedule_bf16_matmul
 from .dim_vars import WithNamedDims
 from .f32_dense import schedule_f32_dense
 from .f32_tiles import F32_KERNEL
+from .rows_in_place import read_rows_in_place
 from .failures import PipelineFailures
 from .fast_math import CPUFastMath
 from .flat_rows import FlattenDenseRows
@@ -74,7 +75,7 @@ def schedule_prim_func(func: tirx.PrimFunc, target) -> tirx.PrimFunc | None:
         if is_bf16_matmul(sch, mm_block) and schedule_bf16_matmul(sch, mm_block, epilogue, target):
             return open_amx_scopes(sch.mod["main"])
         if schedule_f32_dense(sch, mm_block, epilogue, target):
-            return without_extern_zero_fills(sch.mod["main"], (F32_KERNEL,))
+            return read_rows_in_place(without_extern_zero_fills(sch.mod["main"], (F32_KERNEL,)), F32_KERNEL)
         if _schedule_matmul(sch, mm_block, epilogue, target):
             return sch.mod["main"]
         return None

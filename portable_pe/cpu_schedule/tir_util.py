@@ -178,6 +178,14 @@ def _blocks_under(stmt):
     return (s.block for s in _walk(stmt) if _node(s) == "SBlockRealize")
 
 
+def is_extern_call(stmt, externs: tuple[str, ...]) -> bool:
+    """Whether ``stmt`` is one call_extern of a function whose name starts with one of
+    ``externs``."""
+    value = stmt.value if _node(stmt) == "Evaluate" else None
+    return (value is not None and _node(value) == "Call" and getattr(value.op, "name", "") == "tirx.call_extern"
+            and str(value.args[0].value).startswith(externs))
+
+
 def without_extern_zero_fills(func, externs: tuple[str, ...]):
     """``func`` without the init (the zero fill of C) of each block that is one call of a
     micro-kernel named in ``externs`` (a prefix each), which starts from zero itself and
@@ -186,14 +194,9 @@ def without_extern_zero_fills(func, externs: tuple[str, ...]):
     from tvm.s_tir import SBlock
     from tvm_ffi.structural import structural_mutate
 
-    def is_call(stmt) -> bool:
-        value = stmt.value if _node(stmt) == "Evaluate" else None
-        return (value is not None and _node(value) == "Call" and getattr(value.op, "name", "") == "tirx.call_extern"
-                and str(value.args[0].value).startswith(externs))
-
     def strip(block, mutator):
         block = mutator.default_mutate(block)
-        if block.init is None or not is_call(block.body):
+        if block.init is None or not is_extern_call(block.body, externs):
             return block
         return SBlock(block.iter_vars, block.reads, block.writes, block.name_hint, block.body, None,
                       block.alloc_buffers, block.match_buffers, block.annotations)
