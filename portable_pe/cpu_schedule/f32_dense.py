@@ -31,13 +31,12 @@ M 1024 0.84 -> 0.89 of the peak, K 1536 x N 384 at M 1608 0.81 -> 0.88, K <= 384
 from __future__ import annotations
 
 from .f32_tiles import F32_PANEL, F32_TILE_COLUMNS, F32_TILE_ROWS, f32_intrin, f32_ir
-from .rows_in_place import ROWS_IN_PLACE
 from .loops import _parallel_outer, _vectorize_inner, row_major_items
 from .matmul import _pack_constant_weight, _packable_weight, _pad_to_tiles
+from .rows_in_place import ROWS_IN_PLACE
 from .small_work import WORK_ITERATIONS
 from .tir_util import _loop_extent, _num_cores, _vector_lanes
 from .work_claims import CLAIM_ITEMS
-
 
 
 def fits_f32_tiles(sch, mm_block, target) -> bool:

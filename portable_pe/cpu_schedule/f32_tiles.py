@@ -38,11 +38,10 @@ _PREFETCH_STEPS = 32
 def micro_kernel_ir(rows: int) -> str:
     """LLVM IR of portable_pe_f32_{rows}x32(c, ldc, a, lda, b, ldb, k, rows_left): strides
     in elements; b the first of two [K, 16] panels, ldb apart; k >= 1; rows_left (i32,
-    >= 1) the rows of A from a on. Only the first min(rows, rows_left) rows of a are read: past
-    them a tile (the last of A, read in place: rows_in_place) repeats the last row that
-    is there, and C's rows past them hold that row's results. (The clamp is in here, not
-    a min() in the caller's TIR: TVM's loop partitioning split the work-item loop on such
-    a min and lost the loop's import of this kernel.)"""
+    >= 1) the rows of A from a on (rows_in_place says why i32). Only the first
+    min(rows, rows_left) rows of a are read: past them a tile (the last of A, read in
+    place) repeats the last row there is, and C's rows past them hold that row's results,
+    which the caller's epilogue never reads."""
     name = f"{F32_KERNEL}{rows}x32"
     acc = [(r, v) for r in range(rows) for v in range(2)]
     vec = f"<{_LANES} x float>"

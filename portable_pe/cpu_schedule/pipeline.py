@@ -21,7 +21,6 @@ from .bf16_matmul import is_bf16_matmul, schedule_bf16_matmul
 from .dim_vars import WithNamedDims
 from .f32_dense import schedule_f32_dense
 from .f32_tiles import F32_KERNEL
-from .rows_in_place import read_rows_in_place
 from .failures import PipelineFailures
 from .fast_math import CPUFastMath
 from .flat_rows import FlattenDenseRows
@@ -32,6 +31,7 @@ from .patch_stem import PatchStemAsMatmul
 from .quant_matmul import LowerQuantizedMatmul
 from .reduction import _schedule_reduction_chain
 from .reshape_views import LEGALIZE_MAP as RESHAPE_VIEWS
+from .rows_in_place import read_rows_in_place
 from .small_work import SerialWhenSmall
 from .weight_packing import FoldWeightPacking, MarkConstantWeights, SplitWeightPacking
 from .split_bias import HoistSplitBias
