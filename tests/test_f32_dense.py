@@ -12,7 +12,7 @@ from tvm.sym import Analyzer
 
 from portable_pe.cpu_schedule import cpu_pipeline
 from portable_pe.cpu_schedule.f32_tiles import F32_TILE_ROWS
-from portable_pe.cpu_schedule.tir_util import _blocks_under, _expr_vars, _node, _num_cores, _walk
+from portable_pe.cpu_schedule.tir_util import _blocks_under, _expr_vars, _node, _num_cores, _walk, is_extern_call
 from portable_pe.host_cpu import cpu_flags
 from portable_pe.cpu_schedule.work_claims import cpu_tir_pipeline
 
@@ -57,9 +57,7 @@ def _scheduled_kernel(mod):
 
 
 def _kernel_calls(func):
-    return [s.value for s in _walk(func.body) if _node(s) == "Evaluate" and _node(s.value) == "Call"
-            and getattr(s.value.op, "name", "") == "tirx.call_extern"
-            and str(s.value.args[0].value).startswith("portable_pe_f32_")]
+    return [s.value for s in _walk(func.body) if is_extern_call(s, ("portable_pe_f32_",))]
 
 
 def test_the_dense_is_row_tiles_by_core_groups_around_the_micro_kernel():

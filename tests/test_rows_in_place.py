@@ -11,7 +11,7 @@ from tvm.sym import Analyzer
 from tvm_ffi.structural import structural_equal
 
 from portable_pe.cpu_schedule.rows_in_place import ROWS_IN_PLACE, read_rows_in_place
-from portable_pe.cpu_schedule.tir_util import _blocks_under, _node, _walk
+from portable_pe.cpu_schedule.tir_util import _blocks_under, _walk, is_extern_call
 
 KERNEL = "portable_pe_f32_"
 
@@ -48,7 +48,7 @@ def test_a_marked_copy_read_only_by_the_kernel_is_dropped_and_the_tile_read_in_p
     (tile,) = [blk for blk in _blocks_under(out.body) if blk.name_hint == "tile_o"]
     assert [mb.source.source.name for mb in tile.match_buffers] == ["x"], out.script()
     assert [r.source.name for r in tile.reads] == ["x"], out.script()
-    (call,) = [s.value for s in _walk(out.body) if _node(s) == "Evaluate" and _node(s.value) == "Call"]
+    (call,) = [s.value for s in _walk(out.body) if is_extern_call(s, (KERNEL,))]
     # the rows x has from each tile on: 13 from the first, 1 from the second
     assert str(call.args[-1].ty) == "int32", call.args[-1]
     (v,) = [iv.var for iv in tile.iter_vars]
