@@ -81,6 +81,24 @@ def test_a_vision_graph_builds_for_ethos_u85_at_its_image_size_with_every_operat
 
 
 @needs_toolchain
+def test_transformers_vit_builds_for_ethos_u85_with_its_cls_concatenation_rewritten(tmp_path):
+    """transformers' own ViT class (tiny config, 32 x 32 pixels, patch 8): its CLS token is
+    a concatenation with a constant after folding, which ai-edge-quantizer cannot quantize;
+    written as padded parts (npu/constant_concat.py), Vela places every operator on the
+    NPU and LiteRT's int8 output agrees with PyTorch's."""
+    pytest.importorskip("transformers")
+    from portable_pe.hf.vision import last_hidden_state_model
+    from portable_pe.npu.vela import ModelJob, summarize
+    job = ModelJob("hf_vit", lambda: last_hidden_state_model("vit"), (1, 3, 32, 32), 17)
+    (entry,) = compile_jobs([job], accelerators=["ethos-u85"], work_dir=tmp_path, workers=1, log=lambda m: None)
+    assert entry.get("ok"), entry.get("error")
+    assert entry["export"]["padded_concats"] == 1
+    vela = summarize(entry, "ethos-u85")
+    assert vela["ok"] and vela["cpu_ops"] == 0 and vela["npu_ops"] > 0, vela.get("cpu_fallbacks")
+    assert entry["accuracy"]["cosine"] >= 0.99, entry["accuracy"]
+
+
+@needs_toolchain
 def test_an_ethos_u85_bundle_holds_velas_build_and_can_be_recompiled_in_place(tmp_path, capsys):
     from portable_pe.bundle.artifact import load_bundle
     from portable_pe.cli.main import main

@@ -84,6 +84,12 @@ class LastHiddenState:
         return _Wrapped().eval()
 
 
+def last_hidden_state_model(name: str, overrides: dict | None = None):
+    """``name``'s model (build_vision) wrapped as pixel_values -> last_hidden_state, the
+    learned table resized to the grid where the class can."""
+    return LastHiddenState(build_vision(name, overrides), interpolate=VISION_ARCHITECTURES[name].interpolates)
+
+
 def export_vision(name: str, path: str | Path, *, exporter: str = "torchscript", overrides: dict | None = None,
                   batch: bool = False) -> tuple[object, Path]:
     """(the wrapped model, the written path): ``name``'s tiny model (or its class's defaults
@@ -96,7 +102,7 @@ def export_vision(name: str, path: str | Path, *, exporter: str = "torchscript",
     if batch and exporter != "torchscript":
         raise ValueError(f"a dynamic batch is written by the TorchScript exporter here; got exporter {exporter!r}")
     arch = VISION_ARCHITECTURES[name]
-    module = LastHiddenState(build_vision(name, overrides), interpolate=arch.interpolates)
+    module = last_hidden_state_model(name, overrides)
     image = IMAGE if overrides is None else overrides.get("image_size", IMAGE)
     example = torch.randn(1, 3, image, image, generator=torch.Generator().manual_seed(0))
     path = Path(path)

@@ -8,11 +8,12 @@
 
 The worker (vela_worker.py) runs with `bash scripts/npu_toolchain.sh ethos-u`'s python
 through npu/toolchain.py's file contract. Vela compiles int8 TFLite only, and only PyTorch
-converts to TFLite here (without TensorFlow), so this path needs a graph spec, not an
-.onnx file.
+converts to TFLite here (without TensorFlow), so this path needs a PyTorch model (a graph
+spec, or a transformers vision class as a ModelJob), not an .onnx file.
 
-Two entry points: `compile_jobs` (many (spec, N) at once: one worker start, used by the
-guide) and `build_bundle_files` (one spec for an `--target npu` bundle).
+Two entry points: `compile_jobs` (many jobs at once, a worker process each, used by the
+guide and scripts/npu_vela_table.py) and `build_bundle_files` (one spec for an `--target
+npu` bundle).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Callable
 
 import numpy as np
 
+from .fx_constants import folded_constant
 from .toolchain import VendorError, run_worker
 
 TOOLCHAIN = "ethos-u"
@@ -46,9 +48,14 @@ ACCELERATORS: dict[str, dict] = {
 
 @dataclass(frozen=True)
 class VelaJob:
+    """A zoo encoder (a graph spec) at one static length N, or a vision spec at one image size."""
     spec: object        # graphs.GraphSpec
     seq_len: int        # a vision spec's: the tokens its image makes
     image: tuple[int, ...] | None = None  # a vision spec's static size ([F,] H, W)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
 
     @property
     def id(self) -> str:
@@ -60,6 +67,81 @@ class VelaJob:
         patches = ([vision.temporal_patch] if vision.video else []) + [vision.patch] * 2
         tokens = vision.prefix + int(np.prod([n // p for n, p in zip(image, patches)]))
         return cls(spec, tokens, tuple(int(n) for n in image))
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """x (1, N, D), or a vision spec's pixels (1, C, [F,] H, W)."""
+        if self.image is not None:
+            return (1, self.spec.vision.channels, *self.image)
+        return (1, self.seq_len, self.spec.model.d_model)
+
+    def refusal(self) -> str | None:
+        return refusal(self.spec, self.seq_len, self.image)
+
+    def program_module(self):
+        """The module to export, of one input: positions = arange(N) held as a buffer (they
+        fold), or a vision encoder fixed to this image size (PatchStem.fix_positions)."""
+        import torch
+        if self.image is not None:
+            module = self.spec.build().eval()
+            module.fix_positions(torch.zeros(self.input_shape))
+            return module
+        return _FixedPositions(self.spec.build(), self.seq_len).eval()
+
+    def reference(self, x: np.ndarray) -> np.ndarray:
+        """PyTorch's fp32 output of the spec's own model (positions as an input, the grid
+        computed from the pixels), built apart from the exported one."""
+        import torch
+        with torch.no_grad():
+            model = self.spec.build()
+            out = model(torch.from_numpy(x)) if self.image is not None else model(torch.from_numpy(x),
+                                                                                 torch.arange(self.seq_len))
+        return out.numpy()
+
+
+@dataclass(frozen=True)
+class ModelJob:
+    """A PyTorch model from outside the zoo (transformers' own vision classes): one input
+    of a static shape -> hidden states. Its positions fold like a spec's when they follow
+    from the static shape (a resized table, RoPE's grid, a relative bias)."""
+    name: str
+    build: Callable[[], object]       # a fresh torch.nn.Module in eval mode, same weights each call
+    input_shape: tuple[int, ...]
+    seq_len: int                      # the tokens it makes: sets the calibration count and the work order
+
+    @property
+    def id(self) -> str:
+        return f"{self.name}/{'x'.join(map(str, self.input_shape[2:]))}"
+
+    def refusal(self) -> str | None:
+        return None
+
+    def program_module(self):
+        return self.build()
+
+    def reference(self, x: np.ndarray) -> np.ndarray:
+        import torch
+        with torch.no_grad():
+            return self.build()(torch.from_numpy(x)).numpy()
+
+
+class _FixedPositions:
+    """encoder(x, positions) with positions = arange(N) as a buffer: x -> hidden (a
+    torch.nn.Module made on use, so that this module imports without torch)."""
+
+    def __new__(cls, encoder, seq_len: int):
+        import torch
+
+        class FixedPositions(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.encoder = encoder
+                self.register_buffer("positions", torch.arange(seq_len), persistent=False)
+
+            def forward(self, x):
+                return self.encoder(x, self.positions)
+
+        return FixedPositions()
 
 
 def calibration_count(seq_len: int) -> int:
@@ -81,34 +163,22 @@ def refusal(spec, seq_len: int, image=None) -> str | None:
     return None
 
 
-def export_program(spec, seq_len: int, path: Path, image=None) -> dict:
-    """A torch.export program x (1, N, D) -> hidden with positions = arange(N) folded in:
-    every position computation (sin/cos, RoPE tables, T5 buckets, ALiBi distances) becomes
-    a constant, as the NPU graph needs; identical constants (a bias every layer recomputes)
-    are kept once. A vision spec's program takes pixels (1, C, *image): its patch grid's
-    positions (and what they feed: 2D RoPE's tables, a resized learned table, a relative
-    bias) come from the static shape and fold the same way."""
+def export_program(job, path: Path) -> dict:
+    """A torch.export program of the job's module at its static input shape with every
+    constant computation folded: positions = arange(N) or a fixed image grid make every
+    position computation (sin/cos, RoPE tables, T5 buckets, ALiBi distances, a resized
+    learned table, a relative bias) a constant, as the NPU graph needs. Identical constants
+    (a bias every layer recomputes) are kept once, and a concatenation with a constant part
+    becomes padded parts that are added (npu/constant_concat.py: the int8 quantizer's
+    need)."""
     import warnings
     import torch
     from torch.fx.experimental.const_fold import split_const_subgraphs
-
-    class FixedPositions(torch.nn.Module):
-        def __init__(self, encoder):
-            super().__init__()
-            self.encoder = encoder
-            self.register_buffer("positions", torch.arange(seq_len), persistent=False)
-
-        def forward(self, x):
-            return self.encoder(x, self.positions)
+    from .constant_concat import pad_constant_concats
 
     start = time.perf_counter()
-    if image is not None:
-        example = (torch.zeros(1, spec.vision.channels, *image),)
-        module = spec.build().eval()
-        module.fix_positions(example[0])
-    else:
-        example = (torch.zeros(1, seq_len, spec.model.d_model),)
-        module = FixedPositions(spec.build()).eval()
+    example = (torch.zeros(job.input_shape),)
+    module = job.program_module()
     with torch.no_grad(), warnings.catch_warnings():
         # const_fold warns about every folded attribute it adds ("no underlying reference")
         warnings.simplefilter("ignore", UserWarning)
@@ -116,21 +186,22 @@ def export_program(spec, seq_len: int, path: Path, image=None) -> dict:
         folded = split_const_subgraphs(graph)
         folded.run_folding()
         shared = _share_equal_constants(folded)
+        padded = pad_constant_concats(folded)
         program = torch.export.export(folded, example)
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.export.save(program, str(path))
-    return {"export_s": time.perf_counter() - start, "shared_constants": shared, "program_bytes": path.stat().st_size}
+    return {"export_s": time.perf_counter() - start, "shared_constants": shared, "padded_concats": padded,
+            "program_bytes": path.stat().st_size}
 
 
 def _share_equal_constants(gm) -> int:
     """Make every use of equal folded tensors read one of them (a bias that each layer
     recomputes folds to one constant per layer); returns how many copies went."""
-    import operator
     import torch
     seen: dict[tuple, tuple] = {}
     merged = 0
     for node in list(gm.graph.nodes):
-        value = _constant(gm, node, operator)
+        value = folded_constant(gm, node)
         if not isinstance(value, torch.Tensor) or value.numel() < 1024:
             continue
         key = (tuple(value.shape), value.dtype, float(value.double().sum()), float(value.double().abs().sum()))
@@ -144,50 +215,27 @@ def _share_equal_constants(gm) -> int:
     return merged
 
 
-def _constant(gm, node, operator):
-    """The tensor a node reads: a get_attr, or an item of const_fold's folded ParameterList."""
-    if node.op == "get_attr":
-        return _get_attr(gm, node.target)
-    if node.op == "call_function" and node.target is operator.getitem and node.args[0].op == "get_attr":
-        holder = _get_attr(gm, node.args[0].target)
-        if isinstance(holder, (list, tuple)) or hasattr(holder, "__getitem__") and not hasattr(holder, "shape"):
-            return holder[node.args[1]]
-    return None
-
-
-def _get_attr(gm, target: str):
-    obj = gm
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def job_data(spec, seq_len: int, *, seed: int = 0, image=None) -> dict[str, np.ndarray]:
-    """Calibration inputs, one check input and PyTorch's fp32 output for it (an image spec's:
-    standard-normal pixels, as a normalized image is fed)."""
-    import torch
+def job_data(job, *, seed: int = 0) -> dict[str, np.ndarray]:
+    """Calibration inputs, one check input and PyTorch's fp32 output for it, all
+    standard-normal (for pixels: as a normalized image is fed)."""
     rng = np.random.default_rng(seed)
-    shape = (1, spec.vision.channels, *image) if image is not None else (1, seq_len, spec.model.d_model)
-    calibration = rng.standard_normal((calibration_count(seq_len), *shape)).astype(np.float32)
-    check = rng.standard_normal(shape).astype(np.float32)
-    with torch.no_grad():
-        model = spec.build()
-        reference = (model(torch.from_numpy(check)) if image is not None
-                     else model(torch.from_numpy(check), torch.arange(seq_len))).numpy()
-    return {"calibration": calibration, "check": check, "reference": reference}
+    calibration = rng.standard_normal((calibration_count(job.seq_len), *job.input_shape)).astype(np.float32)
+    check = rng.standard_normal(job.input_shape).astype(np.float32)
+    return {"calibration": calibration, "check": check, "reference": job.reference(check)}
 
 
-def compile_jobs(jobs: list[VelaJob], *, accelerators: list[str], work_dir: Path, workers: int = 2,
+def compile_jobs(jobs: list, *, accelerators: list[str], work_dir: Path, workers: int = 2,
                  log: Callable[[str], None] = print, python: Path | None = None,
                  timeout_s: float = 7200.0) -> list[dict]:
-    """Each job through the worker; one result per job, in order. A job refused here, or
-    failed in the worker, has ok=False and the reason (the vendor's words for the latter).
-    A worker crash fails the jobs it had not finished with the crash report.
+    """Each job (VelaJob, ModelJob) through the worker; one result per job, in order. A job
+    refused here, or failed in the worker, has ok=False and the reason (the vendor's words
+    for the latter); a worker crash fails its job with the crash report.
 
-    The jobs are shared out among `workers` worker processes (longest first, so the loads
-    even out), each with one thread: the conversion is mostly single-threaded, and while
-    one worker converts, the programs of the next are exported here."""
-    import threading
+    Each job gets a worker process of its own, as a bundle's build does (so a table's cell
+    is the build a bundle gets, whatever ran before it), `workers` at a time (longest
+    first, so the loads even out), each with one thread when several run. While workers
+    convert, the programs of the next jobs are exported here."""
+    from concurrent.futures import ThreadPoolExecutor
     unknown = [a for a in accelerators if a not in ACCELERATORS]
     if unknown:
         raise ValueError(f"unknown Ethos-U accelerator(s) {unknown}; valid: {', '.join(ACCELERATORS)}")
@@ -195,42 +243,39 @@ def compile_jobs(jobs: list[VelaJob], *, accelerators: list[str], work_dir: Path
     results: dict[str, dict] = {}
     todo = []
     for job in jobs:
-        why = refusal(job.spec, job.seq_len, job.image)
+        why = job.refusal()
         if why:
             results[job.id] = {"id": job.id, "ok": False, "stage": "export", "error": why}
         else:
             todo.append(job)
     todo.sort(key=lambda j: -j.seq_len)
-    groups = [todo[i::max(1, workers)] for i in range(max(1, workers))]
-    threads = []
-    for index, group in enumerate(g for g in groups if g):
-        folder = work_dir / f"worker{index}"
-        folder.mkdir(parents=True, exist_ok=True)
-        request = {"threads": 1 if workers > 1 else 2, "vela_config": "Arm/vela.ini", "jobs": []}
-        for job in group:
+    threads = 1 if workers > 1 else 2
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        running = []
+        for job in todo:
             stem = job.id.replace("/", "-")
+            folder = work_dir / stem
+            folder.mkdir(parents=True, exist_ok=True)
             log(f"  ethos-u: exporting {job.id} (positions folded)")
-            info = export_program(job.spec, job.seq_len, folder / f"{stem}.pt2", image=job.image)
-            np.savez(folder / f"{stem}.npz", **job_data(job.spec, job.seq_len, image=job.image))
+            info = export_program(job, folder / f"{stem}.pt2")
+            np.savez(folder / f"{stem}.npz", **job_data(job))
             results[job.id] = {"id": job.id, "export": info}
-            request["jobs"].append({"id": job.id, "program": f"{stem}.pt2", "data": f"{stem}.npz", "out": stem,
-                                    "accelerators": [ACCELERATORS[a] for a in accelerators]})
-        log(f"  ethos-u: worker {index}: converting, quantizing and compiling {len(group)} model(s) with Vela "
-            f"({', '.join(accelerators)})")
-        thread = threading.Thread(target=_run_group, args=(request, folder, results, python, timeout_s))
-        thread.start()
-        threads.append(thread)
-    for thread in threads:
-        thread.join()
+            request = {"threads": threads, "vela_config": "Arm/vela.ini",
+                       "jobs": [{"id": job.id, "program": f"{stem}.pt2", "data": f"{stem}.npz", "out": stem,
+                                 "accelerators": [ACCELERATORS[a] for a in accelerators]}]}
+            log(f"  ethos-u: {job.id}: converting, quantizing and compiling with Vela ({', '.join(accelerators)})")
+            running.append(pool.submit(_run_job, request, folder, results, python, timeout_s))
+        for future in running:
+            future.result()  # an error of our own here is raised, not lost in its thread
     return [results[job.id] for job in jobs]
 
 
-def _run_group(request: dict, folder: Path, results: dict, python, timeout_s: float) -> None:
+def _run_job(request: dict, folder: Path, results: dict, python, timeout_s: float) -> None:
     done, crash = _run(request, work_dir=folder, python=python, timeout_s=timeout_s)
-    for job in request["jobs"]:
-        entry = done.get(job["id"]) or {"id": job["id"], "ok": False, "stage": "worker",
-                                        "error": crash or "the worker wrote no result for this job"}
-        results[job["id"]].update(_relative(entry, folder))
+    (job,) = request["jobs"]
+    entry = done.get(job["id"]) or {"id": job["id"], "ok": False, "stage": "worker",
+                                    "error": crash or "the worker wrote no result for this job"}
+    results[job["id"]].update(_relative(entry, folder))
 
 
 def _run(request: dict, *, work_dir: Path, python, timeout_s: float) -> tuple[dict[str, dict], str | None]:
