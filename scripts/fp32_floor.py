@@ -9,9 +9,10 @@ is above a latency goal, no float32 implementation meets the goal; only lower pr
 
 - FLOPs are counted by PyTorch's FlopCounterMode on the graph's own model at (B, T): a
   count independent of our compiler.
-- The peak is measured, not taken from a data sheet: a TVM kernel of independent 16-lane
-  FMA chains held in registers (12 per thread, more than the FMA latency times the FMA
-  ports), one chain set per thread, on `threads` threads. The script also prints the peak
+- The peak is measured, not taken from a data sheet: a TVM kernel of independent FMA
+  chains of the CPU's widest vector (16 lanes with AVX-512, 8 with AVX2) held in registers
+  (12 per thread with 32 vector registers, 10 with 16: more than the FMA latency times the
+  FMA ports), one chain set per thread, on `threads` threads. The script also prints the peak
   as GFLOP/s so it can be checked against the best GEMM rate seen on the machine.
 
     python scripts/fp32_floor.py [--graphs rope,alibi] [--threads 2]
@@ -27,17 +28,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-#: independent accumulator vectors per thread: FMA latency (4 cycles) x 2 ports = 8 in
-#: flight is enough; 12 leaves margin and fits the 32 zmm registers with the operands
-_CHAINS = 12
-_LANES = 16
+def _chain_shape(target) -> tuple[int, int]:
+    """(lanes, chains) of the FMA kernel for `target`: its widest float32 vector, and as
+    many independent accumulators as fit its vector registers beside the two operands.
+    FMA latency (4 cycles) x 2 ports = 8 in flight is enough; 12 of the 32 zmm registers
+    leave margin, and with 16 registers (AVX2) 10 do: 12 double-width (16-lane) chains on
+    AVX2 were split into 24 ymm accumulators that spilled, and read 117 GFLOP/s on a 2-core
+    Zen 3 where 8-lane chains read more (scripts/results/bench-all-stop51-amd.md)."""
+    from portable_pe.cpu_schedule.tir_util import _simd_registers, _vector_lanes
+    return _vector_lanes(target), (12 if _simd_registers(target) >= 32 else 10)
 
 
 def _fma_kernel(threads: int):
     import tvm
     from tvm.script import tirx as T
+    from portable_pe.backends.llvm import tvm_target
+    from portable_pe.backends.targets import load_target
 
-    lanes, chains = _LANES, _CHAINS
+    target = tvm_target(load_target("llvm"))
+    lanes, chains = _chain_shape(target)
     vec = f"float32x{lanes}"
 
     @T.prim_func
@@ -50,14 +59,12 @@ def _fma_kernel(threads: int):
             for _ in range(steps):
                 for c in T.unroll(chains):
                     acc[T.ramp(c * lanes, 1, lanes)] = T.call_llvm_pure_intrin(
-                        vec, "llvm.fma.v16f32", acc[T.ramp(c * lanes, 1, lanes)],
+                        vec, f"llvm.fma.v{lanes}f32", acc[T.ramp(c * lanes, 1, lanes)],
                         T.Broadcast(T.float32(0.999999), lanes), T.Broadcast(T.float32(1e-7), lanes))
             for c in T.unroll(chains):
                 out[T.ramp((t * chains + c) * lanes, 1, lanes)] = acc[T.ramp(c * lanes, 1, lanes)]
 
-    from portable_pe.backends.llvm import tvm_target
-    from portable_pe.backends.targets import load_target
-    return tvm.compile(fma_peak, target=tvm_target(load_target("llvm")))["fma_peak"]
+    return tvm.compile(fma_peak, target=target)["fma_peak"], lanes, chains
 
 
 def fma_peak_gflops(threads: int, *, seconds: float = 1.0) -> float:
@@ -67,8 +74,8 @@ def fma_peak_gflops(threads: int, *, seconds: float = 1.0) -> float:
     set_threads(threads, passive=False)
     import numpy as np
     import tvm
-    kernel = _fma_kernel(threads)
-    out = tvm.runtime.tensor(np.zeros(threads * _CHAINS * _LANES, np.float32))
+    kernel, lanes, chains = _fma_kernel(threads)
+    out = tvm.runtime.tensor(np.zeros(threads * chains * lanes, np.float32))
     steps = 1 << 16
     kernel(out, steps)  # pool start-up and page faults outside the timing
     best = 0.0
@@ -77,7 +84,7 @@ def fma_peak_gflops(threads: int, *, seconds: float = 1.0) -> float:
         start = time.perf_counter()
         kernel(out, steps)
         elapsed = time.perf_counter() - start
-        best = max(best, threads * _CHAINS * _LANES * 2 * steps / elapsed / 1e9)
+        best = max(best, threads * chains * lanes * 2 * steps / elapsed / 1e9)
     return best
 
 
