@@ -86,7 +86,7 @@ class VelaJob:
             module = self.spec.build().eval()
             module.fix_positions(torch.zeros(self.input_shape))
             return module
-        return _FixedPositions(self.spec.build(), self.seq_len).eval()
+        return _fixed_positions(self.spec.build(), self.seq_len).eval()
 
     def reference(self, x: np.ndarray) -> np.ndarray:
         """PyTorch's fp32 output of the spec's own model (positions as an input, the grid
@@ -125,23 +125,21 @@ class ModelJob:
             return self.build()(torch.from_numpy(x)).numpy()
 
 
-class _FixedPositions:
-    """encoder(x, positions) with positions = arange(N) as a buffer: x -> hidden (a
-    torch.nn.Module made on use, so that this module imports without torch)."""
+def _fixed_positions(encoder, seq_len: int):
+    """encoder(x, positions) as a module of x alone, positions = arange(N) held as a buffer
+    (defined here, not at module level, so that this module imports without torch)."""
+    import torch
 
-    def __new__(cls, encoder, seq_len: int):
-        import torch
+    class FixedPositions(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = encoder
+            self.register_buffer("positions", torch.arange(seq_len), persistent=False)
 
-        class FixedPositions(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.encoder = encoder
-                self.register_buffer("positions", torch.arange(seq_len), persistent=False)
+        def forward(self, x):
+            return self.encoder(x, self.positions)
 
-            def forward(self, x):
-                return self.encoder(x, self.positions)
-
-        return FixedPositions()
+    return FixedPositions()
 
 
 def calibration_count(seq_len: int) -> int:
@@ -231,10 +229,10 @@ def compile_jobs(jobs: list, *, accelerators: list[str], work_dir: Path, workers
     refused here, or failed in the worker, has ok=False and the reason (the vendor's words
     for the latter); a worker crash fails its job with the crash report.
 
-    Each job gets a worker process of its own, as a bundle's build does (so a table's cell
-    is the build a bundle gets, whatever ran before it), `workers` at a time (longest
-    first, so the loads even out), each with one thread when several run. While workers
-    convert, the programs of the next jobs are exported here."""
+    Each job gets a worker process of its own, as a bundle's build does, `workers` at a
+    time (longest first, so the loads even out), each with one thread when several run.
+    While workers convert, the programs of the next jobs are exported here. (The int8
+    conversion of some models is not the same from run to run even so: README, Ethos-U.)"""
     from concurrent.futures import ThreadPoolExecutor
     unknown = [a for a in accelerators if a not in ACCELERATORS]
     if unknown:
