@@ -24,13 +24,18 @@ from conftest import TINY_SPEC
 K, N1, N2 = 64, 48, 32
 
 
-def _qdq_model(seed: int = 0, dims: tuple[int, int, int] = (K, N1, N2)) -> onnx.ModelProto:
+def _qdq_model(seed: int = 0, dims: tuple[int, int, int] = (K, N1, N2), w_max: int = 127,
+               extreme: bool = False) -> onnx.ModelProto:
     """x -> Q/DQ -> MatMul(W1) + b1 -> Relu -> Q/DQ -> MatMul(W2): two int8 matmuls, the
-    second fed by a requantized activation, like an encoder's feed-forward block."""
+    second fed by a requantized activation, like an encoder's feed-forward block. Weights
+    within +-w_max; ``extreme``: every weight is -w_max or +w_max."""
     K, N1, N2 = dims  # noqa: N806 (the module's names for the same dims)
     rng = np.random.default_rng(seed)
-    w1 = rng.integers(-127, 128, (K, N1)).astype(np.int8)
-    w2 = rng.integers(-127, 128, (N1, N2)).astype(np.int8)
+    if extreme:
+        w1, w2 = (rng.choice([-w_max, w_max], shape).astype(np.int8) for shape in ((K, N1), (N1, N2)))
+    else:
+        w1 = rng.integers(-w_max, w_max + 1, (K, N1)).astype(np.int8)
+        w2 = rng.integers(-w_max, w_max + 1, (N1, N2)).astype(np.int8)
     inits = [numpy_helper.from_array(a, n) for a, n in [
         (w1, "w1"), (rng.uniform(1e-3, 4e-3, N1).astype(np.float32), "w1_s"), (np.zeros(N1, np.int8), "w1_z"),
         (w2, "w2"), (rng.uniform(1e-3, 4e-3, N2).astype(np.float32), "w2_s"), (np.zeros(N2, np.int8), "w2_z"),
@@ -87,12 +92,21 @@ def _amx_int8_missing() -> str | None:
     return None
 
 
-@pytest.mark.parametrize("variant", ["host", "uint8", "int8", "amx-int8"])
+def _avx2_u8s7_missing() -> str | None:
+    from portable_pe.host_cpu import cpu_flags
+    if "avx2" not in cpu_flags():
+        return "this CPU has no AVX2"
+    return None
+
+
+@pytest.mark.parametrize("variant", ["host", "uint8", "int8", "amx-int8", "avx2-u8s7"])
 def test_int8_kernels_compute_the_qdq_graph_exactly(variant, monkeypatch):
     """Integer accumulation: the result is the QDQ graph's up to float rounding of the
     final scale (dynamic T, rows that are no multiple of the tile, batch 2). amx-int8: the
     host's AMX features added, as a compile for it does, and dims the tiles take (K = 1024:
-    two chunks of 512 accumulating in memory; then K = 64, one tile step)."""
+    two chunks of 512 accumulating in memory; then K = 64, one tile step). avx2-u8s7: the
+    7-bit kernel (vpmaddubsw) at its bound: every weight +-64 and inputs that saturate the
+    activations (uint8 operands 0 and 255), so every int16 pair is as large as it can be."""
     import tvm
     from tvm import relax
     from portable_pe.backends import llvm
@@ -103,17 +117,26 @@ def test_int8_kernels_compute_the_qdq_graph_exactly(variant, monkeypatch):
             pytest.skip(_amx_int8_missing())
         target["mattr"] = [f"+{f}" for f in llvm.host_features(cpu)]
         dims = (1024, 64, 32)
+    elif variant == "avx2-u8s7":
+        if _avx2_u8s7_missing():
+            pytest.skip(_avx2_u8s7_missing())
+        target = {"kind": "llvm", "mcpu": "znver3"}  # AVX2 without VNNI, whatever this CPU adds
     elif variant != "host":
-        for module in ("quant_matmul", "int8_matmul"):
-            monkeypatch.setattr(f"portable_pe.cpu_schedule.{module}.int8_isa", lambda target: _plain(variant))
-    model = _qdq_model(dims=dims)
+        monkeypatch.setattr("portable_pe.cpu_schedule.quant_matmul.int8_isas", lambda target: (_plain(variant),))
+        monkeypatch.setattr("portable_pe.cpu_schedule.int8_matmul.int8_isas", lambda target: (_plain(variant),))
+    model = _qdq_model(dims=dims, w_max=64, extreme=True) if variant == "avx2-u8s7" else _qdq_model(dims=dims)
     executable = _build(model, target)
     if variant == "amx-int8":  # both matmuls on the tiles
         assert executable.mod.imports[0].inspect_source("asm").count("tdpbusd") >= 8
+    if variant == "avx2-u8s7":
+        asm = executable.mod.imports[0].inspect_source("asm")
+        assert "vpmaddubsw" in asm and "vpmaddwd" in asm
     vm = relax.VirtualMachine(executable, tvm.cpu())
     rng = np.random.default_rng(1)
     for batch, seq in [(1, 1), (2, 7), (1, 33)]:
         x = rng.standard_normal((batch, seq, dims[0])).astype(np.float32)
+        if variant == "avx2-u8s7":  # +-10 / 0.03 quantizes to 127 or -128: uint8 255 or 0
+            x = np.where(x > 0, 10.0, -10.0).astype(np.float32)
         got = vm["main"](tvm.runtime.tensor(x)).numpy()
         want = _exact(model, x)
         assert got.shape == want.shape and got.dtype == np.float32
@@ -122,13 +145,17 @@ def test_int8_kernels_compute_the_qdq_graph_exactly(variant, monkeypatch):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
-X86_KERNELS = [("znver4", "vpdpbusd", "zmm"), ("alderlake", "{vex}\tvpdpbusd", "ymm"), ("skylake-avx512", "vpmaddwd", "zmm"),
-               ("znver3", "vpmaddwd", "ymm")]
+X86_KERNELS = [("znver4", "vpdpbusd", "zmm", 127), ("alderlake", "{vex}\tvpdpbusd", "ymm", 127),
+               ("skylake-avx512", "vpmaddwd", "zmm", 127), ("znver3", "vpmaddwd", "ymm", 127),
+               ("znver3", "vpmaddubsw", "ymm", 64)]
 
 
-@pytest.mark.parametrize("mcpu,instruction,register", X86_KERNELS, ids=[k[0] for k in X86_KERNELS])
-def test_x86_int8_kernels_use_the_dot_product_instruction(mcpu, instruction, register):
-    asm = _build(_qdq_model(), {"kind": "llvm", "mcpu": mcpu}).mod.imports[0].inspect_source("asm")
+@pytest.mark.parametrize("mcpu,instruction,register,w_max", X86_KERNELS,
+                         ids=[f"{k[0]}-{k[1].split()[-1]}" for k in X86_KERNELS])
+def test_x86_int8_kernels_use_the_dot_product_instruction(mcpu, instruction, register, w_max):
+    """Each x86 kernel by its CPU; AVX2 without VNNI by the weights' range too: 7-bit
+    weights on vpmaddubsw, full-range ones (a QDQ graph quantized elsewhere) on vpmaddwd."""
+    asm = _build(_qdq_model(w_max=w_max), {"kind": "llvm", "mcpu": mcpu}).mod.imports[0].inspect_source("asm")
     _assert_two_int8_kernels(asm)
     # the module's only multiplies of integers are the two kernels' (their parallel bodies are
     # local functions of their own, so the instruction is looked for in the whole module)
@@ -153,7 +180,7 @@ def _assert_two_int8_kernels(asm: str) -> None:
 
 def test_isa_follows_the_cpu_features():
     import tvm
-    cases = {"znver4": "avx512-vnni", "alderlake": "avx-vnni", "skylake-avx512": "avx512bw", "znver3": "avx2",
+    cases = {"znver4": "avx512-vnni", "alderlake": "avx-vnni", "skylake-avx512": "avx512bw", "znver3": "avx2-u8s7",
              "x86-64": "generic"}
     for mcpu, name in cases.items():
         assert isa_module.int8_isa(tvm.target.Target({"kind": "llvm", "mcpu": mcpu})).name == name, mcpu
@@ -161,7 +188,15 @@ def test_isa_follows_the_cpu_features():
     assert isa_module.int8_isa(tvm.target.Target({"kind": "llvm", **arm, "mcpu": "neoverse-v1"})).name == "neon-i8mm"
     assert isa_module.int8_isa(tvm.target.Target({"kind": "llvm", **arm, "mcpu": "cortex-a76"})).name == "neon-dotprod"
     assert isa_module.int8_isa(tvm.target.Target({"kind": "llvm", **arm, "mattr": ["+neon"]})).name == "neon"
-    assert set(ISAS) == set(cases.values()) | {"neon-i8mm", "neon-dotprod", "neon"}
+    assert set(ISAS) == set(cases.values()) | {"neon-i8mm", "neon-dotprod", "neon", "avx2"}
+    # only the 7-bit kernel needs 7-bit weights, and it has the int16 kernel behind it
+    for mcpu, name in cases.items():
+        target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu})
+        assert isa_module.reduces_weight_range(target) == (name == "avx2-u8s7"), mcpu
+        assert [i.name for i in isa_module.int8_isas(target)] == ([name, "avx2"] if name == "avx2-u8s7" else [name])
+    assert not isa_module.reduces_weight_range(tvm.target.Target({"kind": "llvm", **arm, "mcpu": "cortex-a72"}))
+    assert ISAS["avx2-u8s7"].takes(np.array([-64, 64], np.int8))
+    assert not ISAS["avx2-u8s7"].takes(np.array([65], np.int8)) and not ISAS["avx2-u8s7"].takes(np.array([-128], np.int8))
 
 
 # ------------------------------------------------------------------- int8 bundles
@@ -192,6 +227,15 @@ def test_int8_graph_quantizes_weight_matmuls_only(tiny_int8_bundle):
     assert len(quantized) == 8 and len(matmuls) == 12
     for n in quantized:  # float outputs: no re-quantization before the bias and residual
         assert all(c.op_type != "QuantizeLinear" for c in consumers.get(n.output[0], [])), n.name
+    # 7-bit weights exactly where the host's kernel needs them (x86 without VNNI), else 8 bits
+    import tvm
+    from portable_pe.cpu_schedule.int8_isa import reduces_weight_range
+    host = tvm.target.Target({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
+    weights = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    w_max = max(int(np.abs(weights[producer[n.input[1]].input[0]].astype(np.int16)).max()) for n in quantized)
+    reduced = reduces_weight_range(host)
+    assert w_max == (64 if reduced else 127), w_max
+    assert ("7 bits" in tiny_int8_bundle.manifest["quantization"]["weights"]) == reduced
 
 
 def test_precision_is_checked_per_target(tmp_path):

@@ -174,10 +174,13 @@ def stage_quantize(st: CompileState) -> Added | None:
         return None
     from ..quant.calibration import calibration_feeds, calibration_lengths, calibration_sizes
     from ..quant.qdq import quantize_linears
+    from ..cpu_schedule.int8_isa import reduces_weight_range
     sizes = calibration_sizes(st.io)  # a vision graph calibrates at image sizes, not lengths
     lengths = [] if sizes else calibration_lengths(st.io)
     feeds = calibration_feeds(st.io, lengths=lengths, sizes=sizes)
-    model, report = quantize_linears(st.model, feeds)
+    # x86 without VNNI: the exact int8 kernel there takes 7-bit weights (int8_isa)
+    reduce_range = reduces_weight_range(st.tvm_target)
+    model, report = quantize_linears(st.model, feeds, reduce_range=reduce_range)
     if sizes:
         report["calibration_sizes"] = [size_label(s) for s in sizes]
     else:
@@ -186,6 +189,9 @@ def stage_quantize(st: CompileState) -> Added | None:
     st.log(f"  int8: {report['matmuls_int8']} matmul(s) with constant weights quantized, "
            f"{report['matmuls_float']} kept float32; calibrated at "
            + (', '.join(report['calibration_sizes']) if sizes else f"T={lengths}"))
+    if reduce_range:
+        st.log("  int8: weights quantized to 7 bits (+-64, onnxruntime's reduce_range): this CPU has no VNNI, "
+               "and its exact int8 kernel (vpmaddubsw) takes them")
     st.dump("03b-quantized.onnx", model.SerializeToString())
     return Added(model=model, report={"quantization": report})
 
@@ -309,13 +315,18 @@ def _int8_kernels_report(st: CompileState) -> dict:
     its attention where that runs on AMX-BF16 (bf16_plan)."""
     from ..cpu_schedule.bf16_isa import bf16_kernel
     from ..cpu_schedule.bf16_plan import attention_plan
-    from ..cpu_schedule.int8_isa import has_amx_int8, int8_isa
+    from ..cpu_schedule.int8_isa import has_amx_int8, int8_isas
     if st.tvm_target.kind.name != "llvm":
         return {}
-    dot = int8_isa(st.tvm_target).name
+    isas = int8_isas(st.tvm_target)
+    dot = isas[0].name
     amx_int8 = has_amx_int8(st.tvm_target)
     report = {"int8": {"kernel": "amx-int8" if amx_int8 else dot}}
-    st.log("  int8 matmuls: " + (f"amx-int8 where K % 64 == 0 and N % 32 == 0, else {dot}" if amx_int8 else dot))
+    if len(isas) > 1:  # e.g. avx2-u8s7: weights quantized elsewhere, beyond +-64, take the next
+        report["int8"]["else"] = isas[1].name
+    st.log("  int8 matmuls: " + (f"amx-int8 where K % 64 == 0 and N % 32 == 0, else {dot}" if amx_int8
+                                 else dot + "".join(f" (weights within +-{i.w_max}), else {n.name}"
+                                                    for i, n in zip(isas, isas[1:]))))
     if bf16_kernel(st.tvm_target) == "amx-bf16":
         plan = attention_plan(st.relax, st.tvm_target)
         if plan["attentions_bf16"]:

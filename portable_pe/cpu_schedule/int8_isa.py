@@ -7,6 +7,7 @@ An int8 matmul micro-kernel multiplies a broadcast group of KG activations by a
     avx512-vnni    vpdpbusd zmm                     uint8 x int8    16     4
     avx-vnni       vpdpbusd ymm (VEX)               uint8 x int8     8     4
     avx512bw       vpmaddwd zmm + vpaddd            int16 x int16   16     2
+    avx2-u8s7      vpmaddubsw, vpmaddwd by 1, vpaddd  uint8 x int7    8     4   (|w| <= 64)
     avx2           vpmaddwd ymm + vpaddd            int16 x int16    8     2
     neon-i8mm      smmla v.4s: a 2 x 2 tile         int8 x int8      2     8   (2 rows)
     neon-dotprod   sdot v.4s                        int8 x int8      4     4
@@ -20,10 +21,19 @@ covers ROWS = 2 rows of the register tile, so the schedule gives it a (2, LANES)
 
 Without VNNI, x86 has no exact 8-bit dot product: vpmaddubsw adds two uint8 x int8
 products into a saturating int16 (255 * 127 * 2 > 32767), which is why onnxruntime's
-U8S8 kernels lose accuracy on AVX2 machines. Widened to int16, vpmaddwd adds pairs into
-int32 exactly, and it retires as many multiply-adds per cycle as the vpmaddubsw +
-vpmaddwd pair it replaces. The activations are quantized to 8 bits either way; only the
-operand width in the kernel changes. aarch64 NEON without the dot product extension gets
+U8S8 kernels lose accuracy on AVX2 machines with full-range weights. With weights within
++-64 no pair can saturate (255 * 64 * 2 = 32640), so ``avx2-u8s7`` is exact: vpmaddubsw
+makes int16 pairs, vpmaddwd by ones adds them into int32 lanes, vpaddd accumulates. That
+is onnxruntime's own advice for CPUs without VNNI (its quantizer's ``reduce_range``: 7-bit
+weights), and what ``--precision int8`` quantizes to where this kernel is the target's
+(``int8_isas``: quant/qdq.py). It moves 32 multiply-adds per two multiplier instructions
+where vpmaddwd + vpaddd moves 16 per multiplier instruction and one adder's: on a Zen 3
+core vpmaddwd and vpmaddubsw share two ports, and vpmaddwd next to its vpaddd ran at 1.5
+per cycle (a loop of the pair in assembly), so the 7-bit kernel's ceiling is 32 multiply-
+adds a cycle against 24, with half the bytes per operand (the learned graph's int8 matmuls
+at B=8 T=128: 1.5-2x faster than the int16 kernel). Weights outside +-64 (a QDQ graph
+quantized elsewhere) take ``avx2``: widened to int16, vpmaddwd adds pairs into int32
+exactly. The activations are quantized to 8 bits either way. aarch64 NEON without the dot product extension gets
 plain TIR (int16 operands) that LLVM turns into smlal by-element multiply-accumulates.
 
 The kernel's operand types decide how the Relax pass stores weights and converts the
@@ -55,6 +65,12 @@ class DotIsa:
     rows: int = 1       # tile rows one instruction covers (smmla: 2)
     llvm_ir: str | None = None  # LLVM IR the intrinsic calls (imported into each kernel using it)
     k_unroll: int = 1   # reduction steps unrolled together (a power of two)
+    w_max: int | None = None  # the largest |weight| the instruction keeps exact (None: any int8)
+
+    def takes(self, weights) -> bool:
+        """Whether this kernel computes with these int8 weights exactly."""
+        import numpy as np
+        return self.w_max is None or int(np.abs(weights.astype(np.int16)).max(initial=0)) <= self.w_max
 
 
 def _features(target) -> set[str]:
@@ -77,6 +93,25 @@ def has_amx_int8(target) -> bool:
 
 def int8_isa(target) -> DotIsa:
     """The best integer dot product `target` has (by its LLVM CPU features)."""
+    return int8_isas(target)[0]
+
+
+def int8_isas(target) -> tuple[DotIsa, ...]:
+    """`target`'s integer dot products, best first: each matmul takes the first whose
+    ``w_max`` its weights fit (quant_matmul), the schedule the one whose operands the
+    matmul has (int8_matmul). Only AVX2 without VNNI has two: the 7-bit kernel, then the
+    int16 one for full-range weights."""
+    best = _best_isa(target)
+    return (best, ISAS["avx2"]) if best.name == "avx2-u8s7" else (best,)
+
+
+def reduces_weight_range(target) -> bool:
+    """Whether `target`'s best int8 kernel needs weights within +-64 (7 bits), so that
+    ``--precision int8`` quantizes them so (onnxruntime's ``reduce_range``)."""
+    return target is not None and target.kind.name == "llvm" and int8_isa(target).w_max is not None
+
+
+def _best_isa(target) -> DotIsa:
     features = _features(target)
     triple = str(target.attrs.get("mtriple", "")) if target is not None else ""
     if "aarch64" in triple or "arm64" in triple:
@@ -92,7 +127,7 @@ def int8_isa(target) -> DotIsa:
     if "avx512bw" in features:
         return ISAS["avx512bw"]
     if "avx2" in features:
-        return ISAS["avx2"]
+        return ISAS["avx2-u8s7"]
     return ISAS["generic"]
 
 
@@ -162,6 +197,35 @@ _PMADDWD512 = _register("portable_pe_vpmaddwd_16x2", "int16", "int16", 16, 2, "l
                         accumulates=False)
 _PMADDWD256 = _register("portable_pe_vpmaddwd_8x2", "int16", "int16", 8, 2, "llvm.x86.avx2.pmadd.wd",
                         accumulates=False)
+
+
+def _maddubs_impl(lanes: int):
+    """C[LANES] += vpmaddwd(vpmaddubsw(A broadcast, B), 1): the uint8 x int8 products of
+    neighbouring k added in int16 (exact while |B| <= 64), then pairs of those into int32."""
+    kg, panel = 4, 4 * lanes
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+        A = T.match_buffer(a, (kg,), "uint8", offset_factor=1)
+        B = T.match_buffer(b, (lanes, kg), "int8", offset_factor=1)
+        C = T.match_buffer(c, (lanes,), "int32", offset_factor=1)
+        with T.sblock("root"):
+            T.reads(C[0:lanes], A[0:kg], B[0:lanes, 0:kg])
+            T.writes(C[0:lanes])
+            a_group = T.reinterpret(A.vload([0], f"uint8x{kg}"), dtype="int32")
+            a_wide = T.reinterpret(T.broadcast(a_group, lanes), dtype=f"uint8x{panel}")
+            w_panel = B.vload([0, 0], dtype=f"int8x{panel}")
+            pairs = T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.ub.sw"),
+                                            a_wide, w_panel, dtype=f"int16x{2 * lanes}")
+            C[T.ramp(T.int32(0), 1, lanes)] = C.vload([0], dtype=f"int32x{lanes}") + T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.wd"), pairs, T.broadcast(T.int16(1), 2 * lanes),
+                dtype=f"int32x{lanes}")
+    return impl
+
+
+_MADDUBS256 = "portable_pe_vpmaddubsw_8x4"
+if TensorIntrin.get(_MADDUBS256, allow_missing=True) is None:
+    TensorIntrin.register(_MADDUBS256, _desc("uint8", "int8", 8, 4), _maddubs_impl(8))
 def _smmla(tile, rows, columns):
     return T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id("llvm.aarch64.neon.smmla.v4i32.v16i8"),
                                    tile, rows, columns, dtype="int32x4")
@@ -182,6 +246,10 @@ ISAS: dict[str, DotIsa] = {
     "avx512-vnni": DotIsa("avx512-vnni", "uint8", "int8", 16, 4, _VNNI512, 7, 2),
     "avx-vnni": DotIsa("avx-vnni", "uint8", "int8", 8, 4, _VNNI256, 6, 2),
     "avx512bw": DotIsa("avx512bw", "int16", "int16", 16, 2, _PMADDWD512, 7, 2),
+    # 5 x 2 int32 accumulators, 2 weight vectors, the broadcast, the ones and 2 products in
+    # flight: 16 ymm. Profiled on the learned graph's int8 build (B=8 T=128): 6 x 2 and 3 x 4
+    # spill (11% and 28% slower); 4 x 2 and 1, 2 or 4 steps unrolled were within the noise.
+    "avx2-u8s7": DotIsa("avx2-u8s7", "uint8", "int8", 8, 4, _MADDUBS256, 5, 2, k_unroll=2, w_max=64),
     "avx2": DotIsa("avx2", "int16", "int16", 8, 2, _PMADDWD256, 5, 2),
     # smmla: 2 x 2 per instruction; an 8 x 8 tile is 16 accumulators, 4 weight and 4 row vectors
     "neon-i8mm": DotIsa("neon-i8mm", "int8", "int8", 2, 8, _SMMLA, 8, 4, rows=2),

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 
 from .amx_matmul import schedule_amx_matmul
-from .int8_isa import has_amx_int8, int8_isa
+from .int8_isa import has_amx_int8, int8_isa, int8_isas
 from .matmul import _pack_constant_weight, _pad_to_tiles
 from .loops import _parallel_outer, _vectorize_inner
 from .tir_util import _loop_extent, _region_buffer
@@ -53,7 +53,9 @@ def schedule_int8_matmul(sch, mm_block, other_blocks, target) -> bool:
     if (has_amx_int8(target) and _operands_match(sch, mm_block, isa)
             and schedule_amx_matmul(sch, mm_block, other_blocks, target, "i8")):
         return True
-    return schedule_dot_matmul(sch, mm_block, other_blocks, isa)
+    # the kernel quant_matmul chose for this weight is the one with the matmul's operand types
+    chosen = next((i for i in int8_isas(target) if _operands_match(sch, mm_block, i)), isa)
+    return schedule_dot_matmul(sch, mm_block, other_blocks, chosen)
 
 
 def schedule_dot_matmul(sch, mm_block, other_blocks, isa) -> bool:

@@ -10,7 +10,8 @@ Legalized as written, that is a float matmul on dequantized copies. Here it beco
     acc = int_matmul(a, Wk)                    # int32 accumulation, kernel operand types
     y   = float(acc - comp[N]) * (s_a * s_w[N])
 
-where ``a`` is q in the operand type of the target's dot product (``int8_isa``) and
+where ``a`` is q in the operand type of the target's dot product (``int8_isas``: the
+first that keeps this weight exact; on AVX2 the 7-bit kernel when |W| <= 64) and
 ``comp`` the zero-point correction: for uint8 kernels (x86 VNNI) a = q + 128 when q is
 int8, and comp = z * colsum(W); for int16 kernels the zero point is subtracted while
 widening (a = q - z, exact in int16), so comp = 0. Both are exact in integers, so the
@@ -34,7 +35,7 @@ import tvm
 from tvm import relax, te
 from tvm.ir import IRModule
 
-from .int8_isa import int8_isa
+from .int8_isa import int8_isas
 from .relax_util import _mutate_relax_functions, _tensor_type, bound_call, constant_array, rewrite_matmul
 
 logger = logging.getLogger(__package__)
@@ -50,10 +51,10 @@ def _int_matmul(a: te.Tensor, w: te.Tensor) -> te.Tensor:
 
 @relax.expr_functor.mutator
 class _Lowerer(relax.PyExprMutator):  # pylint: disable=abstract-method
-    def __init__(self, mod: IRModule, isa, failures=None):
+    def __init__(self, mod: IRModule, isas, failures=None):
         super().__init__(mod)
         self.failures = failures
-        self.isa = isa
+        self.isas = isas
         self.lowered = 0
 
     def _bound(self, expr, op_name: str):
@@ -83,9 +84,12 @@ class _Lowerer(relax.PyExprMutator):  # pylint: disable=abstract-method
             return None  # scales along K cannot be factored out of the sum
         if len(q_info[1]) < 2 or not isinstance(q_info[1][-1], tvm.tirx.IntImm) or int(q_info[1][-1]) != k_dim:
             return None
-        a, z = self._kernel_operand(q, str(q_info[0]), int(z_a.reshape(())))
+        isa = next((i for i in self.isas if i.takes(w)), None)
+        if isa is None:
+            return None
+        a, z = self._kernel_operand(q, str(q_info[0]), int(z_a.reshape(())), isa.a_dtype)
         bb = self.builder_
-        acc = bb.emit(bb.call_te(_int_matmul, a, relax.const(w.astype(self.isa.w_dtype)),
+        acc = bb.emit(bb.call_te(_int_matmul, a, relax.const(w.astype(isa.w_dtype)),
                                  primfunc_name_hint="int8_matmul"))
         scale = (np.float64(s_a.reshape(())) * s_w.astype(np.float64).reshape(-1)).astype(np.float32)
         if z:
@@ -94,9 +98,9 @@ class _Lowerer(relax.PyExprMutator):  # pylint: disable=abstract-method
         self.lowered += 1
         return relax.op.multiply(relax.op.astype(acc, "float32"), relax.const(scale))
 
-    def _kernel_operand(self, q, q_dtype: str, zero_point: int):
-        """q converted to the kernel's activation type, and the zero point left in it."""
-        target, emit = self.isa.a_dtype, self.builder_.emit
+    def _kernel_operand(self, q, q_dtype: str, zero_point: int, target: str):
+        """q converted to the kernel's activation type `target`, and the zero point left in it."""
+        emit = self.builder_.emit
         if target == q_dtype:
             return q, zero_point
         wide = emit(relax.op.astype(q, "int16"))
@@ -121,7 +125,7 @@ class LowerQuantizedMatmul:  # pylint: disable=too-few-public-methods
         target = tvm.target.Target.current(allow_none=True)
         if target is None or target.kind.name != "llvm":
             return mod
-        lowerer = _Lowerer(mod, int8_isa(target), self.failures)
+        lowerer = _Lowerer(mod, int8_isas(target), self.failures)
         lowered = _mutate_relax_functions(lowerer, mod)
         if not lowerer.lowered:
             return mod

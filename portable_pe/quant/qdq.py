@@ -5,6 +5,9 @@ Settings, each for a reason:
 * QDQ, int8 activations and weights: onnxruntime's defaults (its recommended S8S8 QDQ);
 * per_channel=True: one scale per output channel of each weight;
 * MinMax calibration: the widest range seen (clipping costs more than resolution here);
+* ``reduce_range`` where the target's int8 kernel needs it (x86 without VNNI: weights
+  within +-64, int8_isa.reduces_weight_range): onnxruntime's option for those CPUs, which
+  keeps its own U8S8 kernels exact on the same graph;
 * matmul outputs not quantized (OpTypesToExcludeOutputQuantization): by default the
   quantizer adds a Q/DQ pair on every matmul output, which rounds the float result to
   int8 before the bias and residual for no kernel's benefit;
@@ -34,8 +37,10 @@ def weight_matmuls(model: onnx.ModelProto) -> tuple[list[str], list[str]]:
     return with_weight, other
 
 
-def quantize_linears(model: onnx.ModelProto, feeds: list[dict]) -> tuple[onnx.ModelProto, dict]:
-    """The QDQ int8 graph and a report (which matmuls, calibration, settings)."""
+def quantize_linears(model: onnx.ModelProto, feeds: list[dict], *,
+                     reduce_range: bool = False) -> tuple[onnx.ModelProto, dict]:
+    """The QDQ int8 graph and a report (which matmuls, calibration, settings);
+    ``reduce_range``: weights quantized to 7 bits (within +-64), not 8."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     model = _named(model)
     nodes, kept = weight_matmuls(model)
@@ -50,12 +55,14 @@ def quantize_linears(model: onnx.ModelProto, feeds: list[dict]) -> tuple[onnx.Mo
             quantize_static(str(src), str(dst), FeedReader(feeds), quant_format=QuantFormat.QDQ,
                             activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, per_channel=True,
                             nodes_to_quantize=nodes, op_types_to_quantize=["MatMul"],
-                            calibrate_method=CalibrationMethod.MinMax,
+                            calibrate_method=CalibrationMethod.MinMax, reduce_range=reduce_range,
                             extra_options={"OpTypesToExcludeOutputQuantization": ["MatMul"]})
             quantized = onnx.load(str(dst))
     finally:
         logging.getLogger().setLevel(quiet)
-    report = {"format": "QDQ", "weights": "int8, symmetric, per output channel", "activations": "int8, per tensor",
+    weights = ("int8 within +-64 (7 bits: reduce_range), symmetric, per output channel" if reduce_range
+               else "int8, symmetric, per output channel")
+    report = {"format": "QDQ", "weights": weights, "activations": "int8, per tensor",
               "calibration": "MinMax", "matmuls_int8": len(nodes), "matmuls_float": len(kept),
               "float_matmuls": kept}
     return quantized, report
