@@ -26,12 +26,12 @@ U8S8 kernels lose accuracy on AVX2 machines with full-range weights. With weight
 makes int16 pairs, vpmaddwd by ones adds them into int32 lanes, vpaddd accumulates. That
 is onnxruntime's own advice for CPUs without VNNI (its quantizer's ``reduce_range``: 7-bit
 weights), and what ``--precision int8`` quantizes to where this kernel is the target's
-(``int8_isas``: quant/qdq.py). It moves 32 multiply-adds per two multiplier instructions
-where vpmaddwd + vpaddd moves 16 per multiplier instruction and one adder's: on a Zen 3
-core vpmaddwd and vpmaddubsw share two ports, and vpmaddwd next to its vpaddd ran at 1.5
-per cycle (a loop of the pair in assembly), so the 7-bit kernel's ceiling is 32 multiply-
-adds a cycle against 24, with half the bytes per operand (the learned graph's int8 matmuls
-at B=8 T=128: 1.5-2x faster than the int16 kernel). Weights outside +-64 (a QDQ graph
+(``int8_isas``: quant/qdq.py). It takes three instructions per 32 multiply-adds where
+vpmaddwd + vpaddd take four: on a Zen 3 core vpmaddwd and vpmaddubsw share two ports, and
+vpmaddwd next to its vpaddd ran at 1.5 per cycle (a loop of the pair in assembly), so the
+7-bit kernel's ceiling is 32 multiply-adds a cycle against 24, with half the bytes per
+operand and half the broadcasts (the learned graph's int8 matmuls at B=8 T=128 profiled
+1.4-2x faster than on the int16 kernel). Weights outside +-64 (a QDQ graph
 quantized elsewhere) take ``avx2``: widened to int16, vpmaddwd adds pairs into int32
 exactly. The activations are quantized to 8 bits either way. aarch64 NEON without the dot product extension gets
 plain TIR (int16 operands) that LLVM turns into smlal by-element multiply-accumulates.
