@@ -344,3 +344,15 @@ def test_an_amx_int8_bundle_is_refused_on_a_cpu_without_amx_int8(tmp_path, monke
     with pytest.raises(BundleError, match=r"runs its int8 kernels on amx-int8, which needs amx_tile, amx_int8; "
                                           r"this CPU has no amx_int8"):
         LocalRunner(bundle)
+
+
+def test_a_split_projections_biases_go_into_its_int8_kernel(tiny_int8_bundle):
+    """The q/k/v projection's per-part biases are added in the int8 kernel's float epilogue
+    (split_bias.py, as in float32 builds), not by the kernels that copy the parts out."""
+    import re
+    names = set(re.findall(rb"fused_[a-z0-9_]+", tiny_int8_bundle.file("model.so").read_bytes()))
+    # a part's copy that adds its bias: the add right after the slice (RoPE's own adds and
+    # subtracts, later in a copy's name, rotate the part)
+    copies_adding = [n for n in names if re.search(rb"(strided_slice\d*|split)_add\d", n)]
+    assert not copies_adding, copies_adding
+    assert any(re.fullmatch(rb"fused_int8_matmul\w*_multiply\w*_add\d+\w*", n) for n in names), names

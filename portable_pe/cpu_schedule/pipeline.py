@@ -180,7 +180,8 @@ def fusion_passes(*, fast_math: bool = True, precision: str = "fp32", failures: 
         # a vision stem (conv with stride = kernel) as the matmul it is
         PatchStemAsMatmul,
         # a split projection's per-part biases before the split, in the dense's epilogue
-        *([HoistSplitBias()] if precision == "fp32" else []),
+        # (an int8 one's too: its float epilogue after the integer matmul takes the add)
+        *([HoistSplitBias()] if precision in ("fp32", "int8") else []),
         # float32 dense layers over batch * seq rows (one row tiling, not one per batch element)
         *([FlattenDenseRows()] if precision == "fp32" else []),
         # dequantize -> matmul with a constant int8 weight (QDQ graphs) as an integer matmul
