@@ -7,7 +7,7 @@ An int8 matmul micro-kernel multiplies a broadcast group of KG activations by a
     avx512-vnni    vpdpbusd zmm                     uint8 x int8    16     4
     avx-vnni       vpdpbusd ymm (VEX)               uint8 x int8     8     4
     avx512bw       vpmaddwd zmm + vpaddd            int16 x int16   16     2
-    avx2-u8s7      vpmaddubsw, vpmaddwd by 1, vpaddd  uint8 x int7    8     4   (|w| <= 64)
+    avx2-u8s7      vpmaddubsw, vpmaddwd(1), vpaddd  uint8 x int7     8     4   (|w| <= 64)
     avx2           vpmaddwd ymm + vpaddd            int16 x int16    8     2
     neon-i8mm      smmla v.4s: a 2 x 2 tile         int8 x int8      2     8   (2 rows)
     neon-dotprod   sdot v.4s                        int8 x int8      4     4
@@ -31,10 +31,11 @@ vpmaddwd + vpaddd take four: on a Zen 3 core vpmaddwd and vpmaddubsw share two p
 vpmaddwd next to its vpaddd ran at 1.5 per cycle (a loop of the pair in assembly), so the
 7-bit kernel's ceiling is 32 multiply-adds a cycle against 24, with half the bytes per
 operand and half the broadcasts (the learned graph's int8 matmuls at B=8 T=128 profiled
-1.4-2x faster than on the int16 kernel). Weights outside +-64 (a QDQ graph
-quantized elsewhere) take ``avx2``: widened to int16, vpmaddwd adds pairs into int32
-exactly. The activations are quantized to 8 bits either way. aarch64 NEON without the dot product extension gets
-plain TIR (int16 operands) that LLVM turns into smlal by-element multiply-accumulates.
+1.4-2x faster than on the int16 kernel). Weights outside +-64 (a QDQ graph quantized
+elsewhere) take ``avx2``: widened to int16, vpmaddwd adds pairs into int32 exactly. The
+activations are quantized to 8 bits either way. aarch64 NEON without the dot product
+extension gets plain TIR (int16 operands) that LLVM turns into smlal by-element
+multiply-accumulates.
 
 The kernel's operand types decide how the Relax pass stores weights and converts the
 quantized activations (``quant_matmul``); the schedule rule (``int8_matmul``) tensorizes
@@ -44,6 +45,8 @@ with ``intrin``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
@@ -67,9 +70,8 @@ class DotIsa:
     k_unroll: int = 1   # reduction steps unrolled together (a power of two)
     w_max: int | None = None  # the largest |weight| the instruction keeps exact (None: any int8)
 
-    def takes(self, weights) -> bool:
+    def takes(self, weights: np.ndarray) -> bool:
         """Whether this kernel computes with these int8 weights exactly."""
-        import numpy as np
         return self.w_max is None or int(np.abs(weights.astype(np.int16)).max(initial=0)) <= self.w_max
 
 
@@ -226,6 +228,8 @@ def _maddubs_impl(lanes: int):
 _MADDUBS256 = "portable_pe_vpmaddubsw_8x4"
 if TensorIntrin.get(_MADDUBS256, allow_missing=True) is None:
     TensorIntrin.register(_MADDUBS256, _desc("uint8", "int8", 8, 4), _maddubs_impl(8))
+
+
 def _smmla(tile, rows, columns):
     return T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id("llvm.aarch64.neon.smmla.v4i32.v16i8"),
                                    tile, rows, columns, dtype="int32x4")
