@@ -322,11 +322,10 @@ def _int8_kernels_report(st: CompileState) -> dict:
     dot = isas[0].name
     amx_int8 = has_amx_int8(st.tvm_target)
     report = {"int8": {"kernel": "amx-int8" if amx_int8 else dot}}
-    if len(isas) > 1:  # e.g. avx2-u8s7: weights quantized elsewhere, beyond +-64, take the next
+    if len(isas) > 1:  # avx2-u8s7: weights quantized elsewhere, beyond +-64, take the next
         report["int8"]["else"] = isas[1].name
-    st.log("  int8 matmuls: " + (f"amx-int8 where K % 64 == 0 and N % 32 == 0, else {dot}" if amx_int8
-                                 else dot + "".join(f" (weights within +-{i.w_max}), else {n.name}"
-                                                    for i, n in zip(isas, isas[1:]))))
+        dot += f" (weights within +-{isas[0].w_max}), else {isas[1].name}"
+    st.log("  int8 matmuls: " + (f"amx-int8 where K % 64 == 0 and N % 32 == 0, else {dot}" if amx_int8 else dot))
     if bf16_kernel(st.tvm_target) == "amx-bf16":
         plan = attention_plan(st.relax, st.tvm_target)
         if plan["attentions_bf16"]:

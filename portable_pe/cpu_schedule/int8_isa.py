@@ -152,14 +152,18 @@ def _desc(a_dtype: str, w_dtype: str, lanes: int, kg: int):
     return desc
 
 
-def _impl(a_dtype: str, w_dtype: str, lanes: int, kg: int, llvm_intrinsic: str, *, accumulates: bool):
+def _impl(a_dtype: str, w_dtype: str, lanes: int, kg: int, llvm_intrinsic: str, *, accumulates: bool,
+          pair_sum: str | None = None):
     """A group of KG activations read as one int32 and broadcast; the panel read as one
     vector. ``accumulates``: the instruction adds into C itself (vpdpbusd, sdot);
-    otherwise its int32 result is added (vpmaddwd)."""
+    otherwise its int32 result is added (vpmaddwd), or, with ``pair_sum``, its int16
+    result's neighbouring pairs are added into int32 lanes by that instruction first
+    (vpmaddubsw, then vpmaddwd by ones)."""
     a_bits = {"uint8": 8, "int8": 8, "int16": 16}[a_dtype]
     w_bits = {"int8": 8, "int16": 16}[w_dtype]
     panel = 32 * lanes // w_bits  # operand elements in one vector of LANES int32
     a_vec, w_vec, c_vec = f"{a_dtype}x{panel}", f"{w_dtype}x{panel}", f"int32x{lanes}"
+    pairs_vec = f"int16x{2 * lanes}"
     assert a_bits * kg == 32 and w_bits * kg == 32
 
     @T.prim_func(s_tir=True)
@@ -177,17 +181,24 @@ def _impl(a_dtype: str, w_dtype: str, lanes: int, kg: int, llvm_intrinsic: str, 
                 C[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
                     T.llvm_lookup_intrinsic_id(llvm_intrinsic), C.vload([0], dtype=c_vec), a_wide, w_panel,
                     dtype=c_vec)
-            else:
+            elif pair_sum is None:
                 C[T.ramp(T.int32(0), 1, lanes)] = C.vload([0], dtype=c_vec) + T.call_llvm_pure_intrin(
                     T.llvm_lookup_intrinsic_id(llvm_intrinsic), a_wide, w_panel, dtype=c_vec)
+            else:
+                C[T.ramp(T.int32(0), 1, lanes)] = C.vload([0], dtype=c_vec) + T.call_llvm_pure_intrin(
+                    T.llvm_lookup_intrinsic_id(pair_sum),
+                    T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id(llvm_intrinsic), a_wide, w_panel,
+                                            dtype=pairs_vec),
+                    T.broadcast(T.int16(1), 2 * lanes), dtype=c_vec)
     return impl
 
 
 def _register(name: str, a_dtype: str, w_dtype: str, lanes: int, kg: int, llvm_intrinsic: str, *,
-              accumulates: bool) -> str:
+              accumulates: bool, pair_sum: str | None = None) -> str:
     if TensorIntrin.get(name, allow_missing=True) is None:
         TensorIntrin.register(name, _desc(a_dtype, w_dtype, lanes, kg),
-                              _impl(a_dtype, w_dtype, lanes, kg, llvm_intrinsic, accumulates=accumulates))
+                              _impl(a_dtype, w_dtype, lanes, kg, llvm_intrinsic, accumulates=accumulates,
+                                    pair_sum=pair_sum))
     return name
 
 
@@ -199,35 +210,10 @@ _PMADDWD512 = _register("portable_pe_vpmaddwd_16x2", "int16", "int16", 16, 2, "l
                         accumulates=False)
 _PMADDWD256 = _register("portable_pe_vpmaddwd_8x2", "int16", "int16", 8, 2, "llvm.x86.avx2.pmadd.wd",
                         accumulates=False)
-
-
-def _maddubs_impl(lanes: int):
-    """C[LANES] += vpmaddwd(vpmaddubsw(A broadcast, B), 1): the uint8 x int8 products of
-    neighbouring k added in int16 (exact while |B| <= 64), then pairs of those into int32."""
-    kg, panel = 4, 4 * lanes
-
-    @T.prim_func(s_tir=True)
-    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
-        A = T.match_buffer(a, (kg,), "uint8", offset_factor=1)
-        B = T.match_buffer(b, (lanes, kg), "int8", offset_factor=1)
-        C = T.match_buffer(c, (lanes,), "int32", offset_factor=1)
-        with T.sblock("root"):
-            T.reads(C[0:lanes], A[0:kg], B[0:lanes, 0:kg])
-            T.writes(C[0:lanes])
-            a_group = T.reinterpret(A.vload([0], f"uint8x{kg}"), dtype="int32")
-            a_wide = T.reinterpret(T.broadcast(a_group, lanes), dtype=f"uint8x{panel}")
-            w_panel = B.vload([0, 0], dtype=f"int8x{panel}")
-            pairs = T.call_llvm_pure_intrin(T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.ub.sw"),
-                                            a_wide, w_panel, dtype=f"int16x{2 * lanes}")
-            C[T.ramp(T.int32(0), 1, lanes)] = C.vload([0], dtype=f"int32x{lanes}") + T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.wd"), pairs, T.broadcast(T.int16(1), 2 * lanes),
-                dtype=f"int32x{lanes}")
-    return impl
-
-
-_MADDUBS256 = "portable_pe_vpmaddubsw_8x4"
-if TensorIntrin.get(_MADDUBS256, allow_missing=True) is None:
-    TensorIntrin.register(_MADDUBS256, _desc("uint8", "int8", 8, 4), _maddubs_impl(8))
+# uint8 x int8 products of neighbouring k added in int16 (exact while |w| <= 64), then
+# pairs of those into int32 by vpmaddwd with ones
+_MADDUBS256 = _register("portable_pe_vpmaddubsw_8x4", "uint8", "int8", 8, 4, "llvm.x86.avx2.pmadd.ub.sw",
+                        accumulates=False, pair_sum="llvm.x86.avx2.pmadd.wd")
 
 
 def _smmla(tile, rows, columns):

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 
 from .amx_matmul import schedule_amx_matmul
-from .int8_isa import has_amx_int8, int8_isa, int8_isas
+from .int8_isa import has_amx_int8, int8_isas
 from .matmul import _pack_constant_weight, _pad_to_tiles
 from .loops import _parallel_outer, _vectorize_inner
 from .tir_util import _loop_extent, _region_buffer
@@ -49,12 +49,12 @@ def schedule_int8_matmul(sch, mm_block, other_blocks, target) -> bool:
     when its shape does not fit the target's kernel (the float rule then takes it). With
     AMX-INT8, the tile schedule (amx_matmul: tdpbusd takes VNNI's uint8 x int8 operands)
     where K is a multiple of 64 and N of 32; else the dot product's register tiles."""
-    isa = int8_isa(target)
-    if (has_amx_int8(target) and _operands_match(sch, mm_block, isa)
+    isas = int8_isas(target)
+    if (has_amx_int8(target) and _operands_match(sch, mm_block, isas[0])
             and schedule_amx_matmul(sch, mm_block, other_blocks, target, "i8")):
         return True
     # the kernel quant_matmul chose for this weight is the one with the matmul's operand types
-    chosen = next((i for i in int8_isas(target) if _operands_match(sch, mm_block, i)), isa)
+    chosen = next((i for i in isas if _operands_match(sch, mm_block, i)), isas[0])
     return schedule_dot_matmul(sch, mm_block, other_blocks, chosen)
 
 
