@@ -314,7 +314,7 @@ def _int8_kernels_report(st: CompileState) -> dict:
     the "int8" section names AMX-INT8 where its matmuls run on the tiles, the "bf16" one
     its attention where that runs on AMX-BF16 (bf16_plan)."""
     from ..cpu_schedule.bf16_isa import bf16_kernel
-    from ..cpu_schedule.bf16_plan import attention_plan
+    from ..cpu_schedule.bf16_plan import attention_plan, int8_attention_plan
     from ..cpu_schedule.int8_isa import has_amx_int8, int8_isas
     if st.tvm_target.kind.name != "llvm":
         return {}
@@ -326,6 +326,13 @@ def _int8_kernels_report(st: CompileState) -> dict:
         report["int8"]["else"] = isas[1].name
         dot += f" (weights within +-{isas[0].w_max}), else {isas[1].name}"
     st.log("  int8 matmuls: " + (f"amx-int8 where K % 64 == 0 and N % 32 == 0, else {dot}" if amx_int8 else dot))
+    if isas[0].name == "avx2-u8s7":
+        plan = int8_attention_plan(st.relax, st.tvm_target)
+        if plan["attentions_int8_scores"]:
+            total = plan["attentions_int8_scores"] + plan["attentions_float32"]
+            st.log(f"  attention: Q.K^T in int8 in {plan['attentions_int8_scores']} of {total} (dynamic per-row "
+                   "scales; softmax and P.V in float32)")
+            report["int8"].update(plan)
     if bf16_kernel(st.tvm_target) == "amx-bf16":
         plan = attention_plan(st.relax, st.tvm_target)
         if plan["attentions_bf16"]:

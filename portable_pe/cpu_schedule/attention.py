@@ -4,7 +4,8 @@ function and call the fused kernel (attention_tiles.py) instead.
 Float32 gets attention_tiles' kernel, on AVX-512 with its wide tiles; Q is read where its
 projection wrote it and the output written with the heads merged, where the graph allows
 (head_layouts.py). --precision bf16 (and int8 on AMX) gets bf16_attention's kernel, whose
-two products run on the AMX tiles.
+two products run on the AMX tiles. --precision int8 on AVX2 without VNNI takes Q·Kᵀ in
+int8 (int8_attention.py: the keys quantized and packed by a kernel of their own).
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import tvm
 from tvm import relax
 from tvm.ir import IRModule
 
-from . import bf16_attention, bf16_pack_k
+from . import bf16_attention, bf16_pack_k, int8_attention
 from .attention_tiles import WIDE_LANES, WIDE_TILE_ROWS, attention_kernel
 from .bf16_isa import bf16_kernel
+from .int8_isa import int8_isa
 from .fast_math import _fast_exp  # noqa: F401 (the kernels' exp; tests import it from here)
 from .head_layouts import merged_output, projection_rows
 from .matmul import _register_tile
@@ -40,11 +42,13 @@ def _scalar_constant(expr) -> float | None:
 
 @relax.expr_functor.mutator
 class _AttentionFuser(relax.PyExprMutator):  # pylint: disable=abstract-method
-    def __init__(self, mod: IRModule, target, *, bf16: bool = False, failures=None):
+    def __init__(self, mod: IRModule, target, *, bf16: bool = False, int8: bool = False, failures=None):
         super().__init__(mod)
         self.failures = failures
         # --precision bf16 on AMX: the two products on the tiles (bf16_attention)
         self.amx = bf16 and bf16_kernel(target) == "amx-bf16"
+        # --precision int8 on AVX2 without VNNI: Q·Kᵀ on vpmaddubsw (int8_attention)
+        self.int8 = int8 and not self.amx and int8_isa(target).name == "avx2-u8s7"
         self.lanes = _vector_lanes(target)
         self.mi, self.nj = _register_tile(target, self.lanes, None, None)
         self.kernels: dict[tuple, relax.GlobalVar] = {}
@@ -152,17 +156,19 @@ class _AttentionFuser(relax.PyExprMutator):  # pylint: disable=abstract-method
         q_found = projection_rows(self.lookup_binding, q, heads=heads, dim=d, batch=qs[0], length=qs[2])
         q, q_rows = q_found if q_found is not None else (q, None)
         merge = merged_output(self.binding, self.values, self.users, heads=heads, dim=e, batch=qs[0], length=qs[2])
-        key = (heads, d, e, scale, mi, self.nj, ec, layout, zero_dead_rows, q_rows, merge is not None, wide)
+        int8 = self.int8 and not wide and int8_attention.fits(d)
+        key = (heads, d, e, scale, mi, self.nj, ec, layout, zero_dead_rows, q_rows, merge is not None, wide, int8)
         if key not in self.kernels:
             func = attention_kernel(heads=heads, qk_dim=d, v_dim=e, scale=scale, mi=mi, nj=self.nj, ec=ec,
                                     bias_dims=layout, zero_dead_rows=zero_dead_rows, q_rows=q_rows,
-                                    merged_out=merge is not None, wide=wide)
-            self.kernels[key] = self.builder_.add_func(func, "fused_attention")
+                                    merged_out=merge is not None, wide=wide, int8_scores=int8)
+            self.kernels[key] = self.builder_.add_func(func, "fused_attention_int8" if int8 else "fused_attention")
         self.fused += 1
+        args = [q, v, *self._int8_keys(kt, heads, d, ks), bias] if int8 else [q, kt, v, bias]
         if merge is None:
             out = relax.TensorType([qs[0], qs[1], qs[2], vs[3]], "float32")
-            return relax.call_tir(self.kernels[key], [q, kt, v, bias], out)
-        merged = self.builder_.emit(relax.call_tir(self.kernels[key], [q, kt, v, bias],
+            return relax.call_tir(self.kernels[key], args, out)
+        merged = self.builder_.emit(relax.call_tir(self.kernels[key], args,
                                                    relax.TensorType([qs[0], qs[2], heads * e], "float32")))
         self.merged[merge] = merged
         # the heads-first value the matmul stood for (read by nothing once the merge is
@@ -192,6 +198,22 @@ class _AttentionFuser(relax.PyExprMutator):  # pylint: disable=abstract-method
         out = relax.TensorType([qs[0], qs[1], qs[2], vs[3]], "float32")
         keys = bb.emit(relax.op.zeros(relax.ShapeExpr([vs[2]]), "uint8"))  # S bytes: the key count as a shape
         return relax.call_tir(self.kernels[key], [*packed, keys, bias], out)
+
+    def _int8_keys(self, kt, heads, d, kt_shape):
+        """(kp, ks, kc): Kᵀ quantized and packed for the int8 scores (int8_attention.pack_k_kernel)."""
+        key = ("pack_k_int8", heads, d)
+        if key not in self.kernels:
+            self.kernels[key] = self.builder_.add_func(int8_attention.pack_k_kernel(heads=heads, qk_dim=d), "pack_k_int8")
+            self.opaque.add(self.kernels[key])
+        batch, keys = kt_shape[0], kt_shape[3]
+        blocks = int8_attention.key_blocks(keys)
+        columns = blocks * int8_attention.KEY_COLUMNS
+        packed = self.builder_.emit(relax.call_tir(self.kernels[key], [kt], [
+            relax.TensorType([batch, heads, blocks, d // int8_attention.GROUP,
+                              int8_attention.KEY_COLUMNS * int8_attention.GROUP], "int8"),
+            relax.TensorType([batch, heads, columns], "float32"),
+            relax.TensorType([batch, heads, columns], "int32")]))
+        return [self.builder_.emit(relax.TupleGetItem(packed, i)) for i in range(3)]
 
     def _packed_keys(self, kt, heads, d):
         """The call that packs Kᵀ for the AMX kernel: from the rows Kᵀ transposes or the
@@ -235,18 +257,20 @@ class FuseAttention:  # pylint: disable=too-few-public-methods
 
     CPU (llvm) targets only; before legalization, so the unfused ops never get
     scheduled. Intermediates the fused call no longer needs are dropped. ``bf16``
-    (--precision bf16): on AMX, the kernel whose two products run on the tiles. A fusion
+    (--precision bf16): on AMX, the kernel whose two products run on the tiles. ``int8``
+    (--precision int8): on AVX2 without VNNI, Q·Kᵀ in int8 (int8_attention). A fusion
     that raises is recorded in ``failures`` (failures.PipelineFailures), when given."""
 
-    def __init__(self, bf16: bool = False, failures=None):
+    def __init__(self, bf16: bool = False, int8: bool = False, failures=None):
         self.bf16 = bf16
+        self.int8 = int8
         self.failures = failures
 
     def transform_module(self, mod: IRModule, _ctx) -> IRModule:
         target = tvm.target.Target.current(allow_none=True)
         if target is None or target.kind.name != "llvm":
             return mod
-        fuser = _AttentionFuser(mod, target, bf16=self.bf16, failures=self.failures)
+        fuser = _AttentionFuser(mod, target, bf16=self.bf16, int8=self.int8, failures=self.failures)
         fused = _mutate_relax_functions(fuser, mod)
         if not fuser.fused:
             return mod

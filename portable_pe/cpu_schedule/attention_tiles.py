@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import math
 
+from . import int8_attention as i8
 from .fast_math import _fast_exp
 from .softmax_rows import inverse_row_sum_of_lanes, row_max_of_lanes
 from .work_claims import CLAIM_ITEMS
@@ -45,7 +46,8 @@ WIDE_TILE_ROWS = 6
 @functools.lru_cache(maxsize=None)  # parsing the TVMScript takes ~0.15 s; PrimFuncs are immutable
 def attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float, mi: int, nj: int, ec: int,
                      bias_dims: tuple[str, ...] = ("1",), zero_dead_rows: bool = False,
-                     q_rows: tuple[int, int] | None = None, merged_out: bool = False, wide: bool = False):
+                     q_rows: tuple[int, int] | None = None, merged_out: bool = False, wide: bool = False,
+                     int8_scores: bool = False):
     """The fused PrimFunc for static heads / head dims and symbolic batch and lengths.
 
     ``bias_dims`` names the bias's dims, right-aligned against the scores [B, H, T, S]:
@@ -112,6 +114,58 @@ def attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float, mi: i
                 for l in T.vectorized(cols2):
                     p[r, j0 + cols + l] = acc2[r, l] * T.float32(scale) + bias[
                         bias_at(b, h, T.min(i0 + r, Tq - 1), j0 + cols + l)]
+
+    @T.macro
+    def softmax_rows(p, row_max, row_inv, lane, s_pad):
+        """p's MI score rows (s_pad columns, -inf past S) -> exp(s - row max) in place; row_inv = 1 / row sums."""
+        for r in range(mi):
+            for l in T.vectorized(nj):
+                lane[l] = T.float32(neg_inf)
+            for jb in range(s_pad // nj):
+                for l in T.vectorized(nj):
+                    lane[l] = T.max(lane[l], p[r, jb * nj + l])
+            row_max_of_lanes(row_max, lane, r, nj, zero_dead_rows, 0)
+            for jb in range(s_pad // nj):
+                for l in T.vectorized(nj):
+                    p[r, jb * nj + l] = _fast_exp(p[r, jb * nj + l] - row_max[r])
+                    lane[l] = lane[l] + p[r, jb * nj + l]
+            inverse_row_sum_of_lanes(row_inv, lane, r, nj, zero_dead_rows, 0)
+
+    @T.macro
+    def weighted_values(p, out, out2, row_inv, v, o, b, h, i0, Tq, S):
+        """o's rows i0.. = p · v / row sum, EC output columns at a time (2·EC when wide)."""
+        if wide:
+            for c in range(n_ec // 2):
+                for r in T.unroll(mi):
+                    for l in T.vectorized(ec):
+                        out[r, l] = T.float32(0)
+                        out2[r, l] = T.float32(0)
+                for j in range(S):
+                    for r in T.unroll(mi):
+                        for l in T.vectorized(ec):
+                            out[r, l] = out[r, l] + p[r, j] * v[b, h, j, 2 * c * ec + l]
+                        for l in T.vectorized(ec):
+                            out2[r, l] = out2[r, l] + p[r, j] * v[b, h, j, (2 * c + 1) * ec + l]
+                for r in range(mi):
+                    if i0 + r < Tq:
+                        for l in T.vectorized(ec):
+                            o[out_at(b, h, i0 + r, 2 * c * ec + l)] = out[r, l] * row_inv[r]
+                        for l in T.vectorized(ec):
+                            o[out_at(b, h, i0 + r, (2 * c + 1) * ec + l)] = out2[r, l] * row_inv[r]
+        else:
+            for c in range(n_ec):
+                for r in T.unroll(mi):
+                    for l in T.vectorized(ec):
+                        out[r, l] = T.float32(0)
+                for j in range(S):
+                    for r in T.unroll(mi):
+                        for l in T.vectorized(ec):
+                            out[r, l] = out[r, l] + p[r, j] * v[b, h, j, c * ec + l]
+                for r in range(mi):
+                    if i0 + r < Tq:
+                        for l in T.vectorized(ec):
+                            o[out_at(b, h, i0 + r, c * ec + l)] = out[r, l] * row_inv[r]
+
 
     @T.prim_func(private=True)
     def fused_attention(q_h: T.handle, kt_h: T.handle, v_h: T.handle, bias_h: T.handle, o_h: T.handle):
@@ -181,50 +235,87 @@ def attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float, mi: i
             for r in range(mi):
                 for l in range(s_pad - S):
                     p[r, S + l] = T.float32(neg_inf)
-            # 2. p = exp(s - row max) in place, 1/row sum kept
-            for r in range(mi):
-                for l in T.vectorized(nj):
-                    lane[l] = T.float32(neg_inf)
-                for jb in range(s_pad // nj):
-                    for l in T.vectorized(nj):
-                        lane[l] = T.max(lane[l], p[r, jb * nj + l])
-                row_max_of_lanes(row_max, lane, r, nj, zero_dead_rows, 0)
-                for jb in range(s_pad // nj):
-                    for l in T.vectorized(nj):
-                        p[r, jb * nj + l] = _fast_exp(p[r, jb * nj + l] - row_max[r])
-                        lane[l] = lane[l] + p[r, jb * nj + l]
-                inverse_row_sum_of_lanes(row_inv, lane, r, nj, zero_dead_rows, 0)
-            # 3. out = p · v / row sum, EC output columns at a time (2·EC when wide)
-            if wide:
-                for c in range(n_ec // 2):
-                    for r in T.unroll(mi):
-                        for l in T.vectorized(ec):
-                            out[r, l] = T.float32(0)
-                            out2[r, l] = T.float32(0)
-                    for j in range(S):
-                        for r in T.unroll(mi):
-                            for l in T.vectorized(ec):
-                                out[r, l] = out[r, l] + p[r, j] * v[b, h, j, 2 * c * ec + l]
-                            for l in T.vectorized(ec):
-                                out2[r, l] = out2[r, l] + p[r, j] * v[b, h, j, (2 * c + 1) * ec + l]
-                    for r in range(mi):
-                        if i0 + r < Tq:
-                            for l in T.vectorized(ec):
-                                o[out_at(b, h, i0 + r, 2 * c * ec + l)] = out[r, l] * row_inv[r]
-                            for l in T.vectorized(ec):
-                                o[out_at(b, h, i0 + r, (2 * c + 1) * ec + l)] = out2[r, l] * row_inv[r]
-            else:
-                for c in range(n_ec):
-                    for r in T.unroll(mi):
-                        for l in T.vectorized(ec):
-                            out[r, l] = T.float32(0)
-                    for j in range(S):
-                        for r in T.unroll(mi):
-                            for l in T.vectorized(ec):
-                                out[r, l] = out[r, l] + p[r, j] * v[b, h, j, c * ec + l]
-                    for r in range(mi):
-                        if i0 + r < Tq:
-                            for l in T.vectorized(ec):
-                                o[out_at(b, h, i0 + r, c * ec + l)] = out[r, l] * row_inv[r]
+            softmax_rows(p, row_max, row_inv, lane, s_pad)
+            weighted_values(p, out, out2, row_inv, v, o, b, h, i0, Tq, S)
 
+    @T.macro
+    def quantized_queries(qa, q_mul, lane, row_max, q, b, h, i0, Tq):
+        """qa[r] = the block's query row r in 8 bits, offset to uint8 (int8_attention);
+        q_mul[r] = its scale times the softmax's."""
+        for r in range(mi):
+            for l in T.vectorized(i8.KEY_COLUMNS):
+                lane[l] = T.float32(0)
+            for c in range(D // i8.KEY_COLUMNS):
+                for l in T.vectorized(i8.KEY_COLUMNS):
+                    lane[l] = T.max(lane[l], T.fabs(q[q_at(b, h, T.min(i0 + r, Tq - 1), c * i8.KEY_COLUMNS + l)]))
+            row_max_of_lanes(row_max, lane, r, i8.KEY_COLUMNS, False, 0)
+            q_mul[r] = row_max[r] * T.float32(scale / i8.Q_MAX)
+            row_max[r] = T.if_then_else(row_max[r] > T.float32(0), T.float32(i8.Q_MAX) / row_max[r], T.float32(0))
+            for c in range(D // i8.KEY_COLUMNS):
+                for l in T.vectorized(i8.KEY_COLUMNS):
+                    qa[r, c * i8.KEY_COLUMNS + l] = T.Cast("uint8", T.Cast("int32", T.round(
+                        q[q_at(b, h, T.min(i0 + r, Tq - 1), c * i8.KEY_COLUMNS + l)] * row_max[r])) + i8.Q_OFFSET)
+
+    @T.macro
+    def int8_score_tile(p, iacc, qa, q_mul, kp, ks, kc, bias, b, h, i0, jt, Tq, S, tail):
+        """p[:, 8·jt:8·jt + 8] = the MI rows' scores against keys 8·jt.. (int8_attention's
+        products) · scale + bias; `tail`: the last block, whose keys past S read S - 1's bias."""
+        for r in T.unroll(mi):
+            for l in T.vectorized(i8.KEY_COLUMNS):
+                iacc[r, l] = 0
+        for g in range(D // i8.GROUP):
+            for r in T.unroll(mi):
+                iacc[r, T.ramp(T.int32(0), 1, i8.KEY_COLUMNS)] = iacc.vload([r, 0], "int32x8") + i8.dot4(
+                    T.reinterpret(qa.vload([r, g * i8.GROUP], "uint8x4"), dtype="int32"),
+                    kp.vload([b, h, jt, g, 0], "int8x32"))
+        for r in T.unroll(mi):
+            for l in T.vectorized(i8.KEY_COLUMNS):
+                p[r, jt * i8.KEY_COLUMNS + l] = T.Cast("float32", iacc[r, l] - kc[b, h, jt * i8.KEY_COLUMNS + l]) * (
+                    ks[b, h, jt * i8.KEY_COLUMNS + l] * q_mul[r]) + bias[bias_at(
+                        b, h, T.min(i0 + r, Tq - 1),
+                        T.min(jt * i8.KEY_COLUMNS + l, S - 1) if tail else jt * i8.KEY_COLUMNS + l)]
+
+    @T.prim_func(private=True)
+    def fused_attention_int8(q_h: T.handle, v_h: T.handle, kp_h: T.handle, ks_h: T.handle, kc_h: T.handle,
+                             bias_h: T.handle, o_h: T.handle):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        B = T.int64()
+        Tq = T.int64()
+        S = T.int64()
+        q = T.match_buffer(q_h, q_shape(B, Tq), "float32")
+        v = T.match_buffer(v_h, (B, H, S, E), "float32")  # first: it binds S for the packed keys
+        kp = T.match_buffer(kp_h, (B, H, i8.key_blocks(S), D // i8.GROUP, i8.KEY_COLUMNS * i8.GROUP), "int8")
+        ks = T.match_buffer(ks_h, (B, H, i8.key_blocks(S) * i8.KEY_COLUMNS), "float32")
+        kc = T.match_buffer(kc_h, (B, H, i8.key_blocks(S) * i8.KEY_COLUMNS), "int32")
+        bias = T.match_buffer(bias_h, bias_shape(B, Tq, S), "float32")
+        o = T.match_buffer(o_h, out_shape(B, Tq), "float32")
+        n_rb = T.meta_var((Tq + (mi - 1)) // mi)
+        s_pad = T.meta_var((S + (nj - 1)) // nj * nj)
+        for item in T.parallel(B * H * n_rb, annotations={CLAIM_ITEMS: 1}):
+            b = T.meta_var(item // (H * n_rb))
+            h = T.meta_var(item // n_rb % H)
+            i0 = T.meta_var(item % n_rb * mi)
+            p = T.decl_buffer((mi, s_pad), "float32")
+            qa = T.decl_buffer((mi, D), "uint8")
+            q_mul = T.decl_buffer((mi,), "float32")
+            iacc = T.decl_buffer((mi, i8.KEY_COLUMNS), "int32")
+            row_max = T.decl_buffer((mi,), "float32")
+            row_inv = T.decl_buffer((mi,), "float32")
+            lane = T.decl_buffer((nj,), "float32")
+            out = T.decl_buffer((mi, ec), "float32")
+            out2 = T.decl_buffer((mi, ec), "float32")
+            quantized_queries(qa, q_mul, lane, row_max, q, b, h, i0, Tq)
+            # 1. scores · scale + bias, 8 keys at a time (s_pad >= 8·S8: the tail block fits)
+            for jt in range(S // i8.KEY_COLUMNS):
+                int8_score_tile(p, iacc, qa, q_mul, kp, ks, kc, bias, b, h, i0, jt, Tq, S, False)
+            if S % i8.KEY_COLUMNS > 0:
+                int8_score_tile(p, iacc, qa, q_mul, kp, ks, kc, bias, b, h, i0, S // i8.KEY_COLUMNS, Tq, S, True)
+            for r in range(mi):
+                for l in range(s_pad - S):
+                    p[r, S + l] = T.float32(neg_inf)
+            softmax_rows(p, row_max, row_inv, lane, s_pad)
+            weighted_values(p, out, out2, row_inv, v, o, b, h, i0, Tq, S)
+
+    if int8_scores:
+        return fused_attention_int8
     return fused_attention

@@ -1,5 +1,6 @@
 """What a build runs in bf16: the manifest's "bf16" section (--precision bf16, and int8
-builds whose attention runs on AMX)."""
+builds whose attention runs on AMX); and which int8 builds' attentions take Q·Kᵀ in int8
+(AVX2 without VNNI: int8_attention)."""
 
 from __future__ import annotations
 
@@ -49,13 +50,25 @@ def bf16_plan(mod: IRModule, target) -> dict:
                        + ("" if in_bf16 and in_bf16 == attention else f", attention's Q.K^T and P.V ({why})")}
 
 
+def int8_attention_plan(mod: IRModule, target) -> dict:
+    """An int8 build's attentions by their scores' precision: int8 (int8_attention, where
+    the target's int8 kernel is avx2-u8s7) or float32."""
+    with target:
+        calls = _attention_calls(FuseAttention(int8=True)(PatchStemAsMatmul(mod)))
+    in_int8 = calls.get("fused_attention_int8", 0)
+    return {"attentions_int8_scores": in_int8, "attentions_float32": sum(calls.values()) - in_int8}
+
+
+_ATTENTION_KINDS = ("fused_attention_bf16", "fused_attention_int8", "fused_attention")
+
+
 def _attention_calls(mod: IRModule) -> dict[str, int]:
     """How many times the Relax functions call each fused attention kernel (by kind)."""
     call_tir, found = tvm.ir.Op.get("relax.call_tir"), {}
 
     def visit(expr):
         if isinstance(expr, relax.Call) and expr.op.same_as(call_tir) and expr.args[0].name_hint.startswith("fused_attention"):
-            kind = "fused_attention_bf16" if expr.args[0].name_hint.startswith("fused_attention_bf16") else "fused_attention"
+            kind = next(k for k in _ATTENTION_KINDS if expr.args[0].name_hint.startswith(k))
             found[kind] = found.get(kind, 0) + 1
     for _, func in mod.functions_items():
         if isinstance(func, relax.Function):

@@ -188,8 +188,9 @@ def fusion_passes(*, fast_math: bool = True, precision: str = "fp32", failures: 
         LowerQuantizedMatmul(failures),
         *([LowerBF16Linear(failures)] if precision == "bf16" else []),
         # attention as one kernel (CPU targets); before fast math rewrites its softmax.
-        # int8 builds take the bf16 one too where the CPU has AMX (bf16_plan)
-        FuseAttention(bf16=precision in BF16_ATTENTION_PRECISIONS, failures=failures),
+        # int8 builds take the bf16 one too where the CPU has AMX (bf16_plan), and Q·Kᵀ
+        # in int8 on AVX2 without VNNI (int8_attention)
+        FuseAttention(bf16=precision in BF16_ATTENTION_PRECISIONS, int8=precision == "int8", failures=failures),
         # head splits/merges and q/k/v splits that FuseOps can fuse at a symbolic length
         FusableHeadReshapes(),
         # library dispatch
