@@ -14,10 +14,12 @@ depend on the input:
 
 Then q_i·k_j ~ qs_i · ks_j · (sum(uint8(qq_i + 128) · kq_j) - kc_j), exactly in int32:
 a uint8 x int7 pair sums to at most 255 · 64 · 2 = 32640, so vpmaddubsw's int16 never
-saturates (int8_isa says why that needs 7-bit weights). Measured on the shipped graphs in
-PyTorch (B = 8, T = 512), this rounding alone moves their outputs by 1 - cosine = 6e-9 to
-1e-8 against float32 attention (8-bit keys: 4e-9 to 5e-9), a thousandth of what the
-weights' int8 rounding costs (4e-5).
+saturates (int8_isa says why that needs 7-bit weights). Measured on the seven sequence
+graphs in PyTorch (scripts/int8_attention_error.py, B = 8 T = 512 and B = 1 T = 128), this
+rounding alone moves their outputs by 1 - cosine = 6e-9 to 1.1e-7 against float32
+attention, against 4e-5 from the weights' int8 rounding. P·V stays float32: in int8 too
+(P to 8 bits, V per channel to 7) it moved them by up to 1.4e-6, more than the 1e-6 by
+which an int8 build's cosine may trail onnxruntime int8's (whose attention is float32).
 """
 
 from __future__ import annotations

@@ -11,7 +11,9 @@ What stays float32, and why:
 
 * attention's Q·Kᵀ and P·V: both operands are activations whose range moves with the
   input (a static per-tensor scale for the softmax probabilities would cost most of
-  their resolution); the fused float attention kernel keeps the scores in cache;
+  their resolution); the fused float attention kernel keeps the scores in cache. The
+  compiled kernel may still compute Q·Kᵀ in int8 with scales taken per row at run time
+  (x86 without VNNI: cpu_schedule/int8_attention.py), and both products in bf16 on AMX;
 * layer norm, softmax, GELU, residual adds and biases: elementwise or row work whose
   cost is memory traffic, not arithmetic (they fuse into the int8 kernels' epilogues);
 * position encodings: RoPE cos/sin, T5/ALiBi biases and learned/sinusoidal tables are
