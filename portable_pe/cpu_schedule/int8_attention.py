@@ -105,6 +105,7 @@ def pack_k_kernel(*, heads: int, qk_dim: int):
                 top = T.decl_buffer((n,), "float32")
                 inv = T.decl_buffer((n,), "float32")
                 total = T.decl_buffer((n,), "int32")
+                rows = T.decl_buffer((GROUP, n), "int32")
                 for l in T.vectorized(n):
                     top[l] = T.float32(0)
                     total[l] = 0
@@ -115,12 +116,14 @@ def pack_k_kernel(*, heads: int, qk_dim: int):
                     for l in T.vectorized(n):
                         inv[l] = T.if_then_else(top[l] > T.float32(0), T.float32(K_MAX) / top[l], T.float32(0))
                     for g in range(n_groups):
-                        kp[b, h, jt, g, T.ramp(T.int64(0), 1, n * GROUP)] = _interleaved(
-                            [T.Cast("int8x8", _quantized(kt.vload([b, h, g * GROUP + e, jt * n], "float32x8"),
-                                                         inv.vload([0], "float32x8"))) for e in range(GROUP)])
-                        for e in range(GROUP):
-                            total[T.ramp(T.int32(0), 1, n)] = total.vload([0], "int32x8") + _quantized(
+                        # the group's 4 rows of 8 keys, quantized once for the pack and the sums
+                        for e in T.unroll(GROUP):
+                            rows[e, T.ramp(T.int32(0), 1, n)] = _quantized(
                                 kt.vload([b, h, g * GROUP + e, jt * n], "float32x8"), inv.vload([0], "float32x8"))
+                        kp[b, h, jt, g, T.ramp(T.int64(0), 1, n * GROUP)] = _interleaved(
+                            [T.Cast("int8x8", rows.vload([e, 0], "int32x8")) for e in range(GROUP)])
+                        for e in T.unroll(GROUP):
+                            total[T.ramp(T.int32(0), 1, n)] = total.vload([0], "int32x8") + rows.vload([e, 0], "int32x8")
                 else:  # the last, partial block: its keys past S stay 0
                     for d in range(D):
                         for l in range(n):
