@@ -1,4 +1,5 @@
-"""--precision int8 on AVX2 without VNNI: attention's Q·Kᵀ in int8 (int8_attention.py).
+"""--precision int8 on AVX2 without VNNI: attention's Q·Kᵀ in int8 (int8_attention.py) from
+INT8_MIN_KEYS keys on, float32 scores below (one kernel, a run-time test).
 
 The kernels are held, element by element, to a numpy model of the same quantization (keys
 to 7 bits and queries to 8 bits per row, float32 scales as the kernels compute them, the
@@ -16,11 +17,11 @@ from tvm import relax
 
 from portable_pe.cpu_schedule import cpu_pipeline, fusion_passes
 from portable_pe.cpu_schedule.attention import FuseAttention
-from portable_pe.cpu_schedule.int8_attention import K_MAX, Q_MAX, pack_k_kernel
+from portable_pe.cpu_schedule.int8_attention import INT8_MIN_KEYS, K_MAX, Q_MAX, pack_k_kernel
 from portable_pe.cpu_schedule.work_claims import cpu_tir_pipeline
 from portable_pe.host_cpu import cpu_flags
 
-from test_attention_kernel import BIASES, H, SCALE, _attention, _sdpa_decomposition
+from test_attention_kernel import BIASES, H, SCALE, _attention, _reference, _sdpa_decomposition
 
 # AVX2 without VNNI: the CPUs whose int8 kernel is avx2-u8s7, and a subset of every AVX2 CPU
 HASWELL = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
@@ -63,21 +64,30 @@ def _vm(module, target=HASWELL):
                                             tir_pipeline=cpu_tir_pipeline(target)), tvm.cpu())
 
 
+def _packed(lib, kt):
+    """(kp, ks, kc) from the packing kernel, each filled with 7s before the call."""
+    b, _, _, s = kt.shape
+    blocks = (s + 7) // 8
+    out = [tvm.runtime.tensor(np.full(shape, 7, dtype), tvm.cpu()) for shape, dtype in
+           [((b, H, blocks, D // 4, 32), "int8"), ((b, H, blocks * 8), "float32"), ((b, H, blocks * 8), "int32")]]
+    lib["pack"](tvm.runtime.tensor(kt, tvm.cpu()), *out)
+    return [o.numpy() for o in out]
+
+
 @needs_avx2
 def test_keys_are_packed_as_the_numpy_model_quantizes_them():
     """8 keys by 4 elements per 32-byte vector, 7-bit values, their scales and 128 x their
-    sums; a key of zeros gets scale 0, and the last, partial block (77 = 9 x 8 + 5) zeros
-    past the end."""
-    b, s = 2, 77
-    kt = np.random.default_rng(0).standard_normal((b, H, D, s), dtype=np.float32) * 3
-    kt[1, 0, :, 10] = 0.0
+    sums; a key of zeros gets scale 0, and the last, partial block (333 = 41 x 8 + 5) zeros
+    past the end. Under INT8_MIN_KEYS keys the kernel writes nothing."""
     func = pack_k_kernel(heads=H, qk_dim=D).with_attr("global_symbol", "pack")
     lib = tvm.compile(tvm.IRModule({"pack": func}), target=HASWELL, tir_pipeline=cpu_tir_pipeline(HASWELL))
+    rng = np.random.default_rng(0)
+    assert all((o == 7).all() for o in _packed(lib, rng.standard_normal((2, H, D, INT8_MIN_KEYS - 1), dtype=np.float32)))
+    b, s = 2, 333
+    kt = rng.standard_normal((b, H, D, s), dtype=np.float32) * 3
+    kt[1, 0, :, 10] = 0.0
     blocks = (s + 7) // 8
-    out = [tvm.runtime.empty(shape, dtype, tvm.cpu()) for shape, dtype in
-           [((b, H, blocks, D // 4, 32), "int8"), ((b, H, blocks * 8), "float32"), ((b, H, blocks * 8), "int32")]]
-    lib["pack"](tvm.runtime.tensor(kt, tvm.cpu()), *out)
-    kp, ks, kc = (o.numpy() for o in out)
+    kp, ks, kc = _packed(lib, kt)
     want_q, want_s = _quantized_keys(np.swapaxes(kt, -1, -2))  # per key row [b, H, s, D]
     got_q = kp.reshape(b, H, blocks, D // 4, 8, 4).transpose(0, 1, 2, 4, 3, 5).reshape(b, H, blocks * 8, D)
     assert np.abs(want_q).max() == K_MAX and np.array_equal(got_q[:, :, :s], want_q.astype(np.int8))
@@ -89,8 +99,9 @@ def test_keys_are_packed_as_the_numpy_model_quantizes_them():
 @needs_avx2
 @pytest.mark.parametrize("form", ["no-bias", "head-bias", "batch-bias"])
 def test_int8_scores_match_their_quantized_model(form):
-    """Ragged row blocks and key tails (5, 77, 300), one query, batch 2; the scores'
-    vpmaddubsw in the kernel."""
+    """From INT8_MIN_KEYS keys on (256, and 300 and 333 with ragged key tails and row
+    blocks) the quantized model, under it (one query, 5, 77, 255) float32 attention; batch 2;
+    the scores' vpmaddubsw in the kernel."""
     bias_dims, bias_first = BIASES[form]
     module = _attention(bias_dims, bias_first=bias_first, head_dim=D)
     assert {"fused_attention_int8", "pack_k_int8"} <= _fused_names(module, HASWELL, "int8")
@@ -99,28 +110,30 @@ def test_int8_scores_match_their_quantized_model(form):
     assert "vpmaddubsw" in executable.mod.imports[0].inspect_source("asm")
     vm = relax.VirtualMachine(executable, tvm.cpu())
     rng = np.random.default_rng(1)
-    for b, t in [(1, 1), (2, 5), (1, 77), (2, 300)]:
+    for b, t in [(1, 1), (2, 5), (1, 77), (1, INT8_MIN_KEYS - 1), (1, INT8_MIN_KEYS), (2, 300), (1, 333)]:
         q, k, v = (rng.standard_normal((b, H, t, D), dtype=np.float32) for _ in range(3))
         args, bias = [q, k, v], None
         if bias_dims is not None:
             bias = rng.standard_normal([{"b": b, "t": t}.get(d, d) for d in bias_dims], dtype=np.float32)
             args.append(bias)
         got = vm["main"](*[tvm.runtime.tensor(a, tvm.cpu()) for a in args]).numpy()
-        np.testing.assert_allclose(got, _quantized_reference(q, k, v, bias), rtol=1e-5, atol=2e-6,
-                                   err_msg=f"b={b} t={t}")
+        want = (_quantized_reference if t >= INT8_MIN_KEYS else _reference)(q, k, v, bias)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6, err_msg=f"b={b} t={t}")
 
 
 @needs_avx2
 def test_int8_scores_zero_fully_masked_rows():
-    """torch's SDPA decomposition (a -inf mask, where(isnan(p), 0, p)) with int8 scores."""
+    """torch's SDPA decomposition (a -inf mask, where(isnan(p), 0, p)) with int8 scores,
+    and with float32 ones under INT8_MIN_KEYS."""
     vm = _vm(_sdpa_decomposition())
     rng = np.random.default_rng(2)
-    for b, t in [(1, 1), (2, 9), (1, 77)]:
+    for b, t in [(2, 9), (1, 260)]:
         q, k, v = (rng.standard_normal((b, H, t, D), dtype=np.float32) for _ in range(3))
         mask = np.where(np.tril(np.ones((t, t), bool)), 0, -np.inf).astype(np.float32)[None, None].repeat(b, 0)
         mask[0, 0, t // 2] = -np.inf
         got = vm["main"](*[tvm.runtime.tensor(a, tvm.cpu()) for a in (q, k, v, mask)]).numpy()
-        want = np.nan_to_num(_quantized_reference(q, k, v, mask), nan=0.0)
+        with np.errstate(invalid="ignore"):
+            want = np.nan_to_num((_quantized_reference if t >= INT8_MIN_KEYS else _reference)(q, k, v, mask), nan=0.0)
         assert np.isfinite(got).all() and not got[0, :, t // 2].any()
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
 

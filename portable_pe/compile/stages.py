@@ -315,6 +315,7 @@ def _int8_kernels_report(st: CompileState) -> dict:
     its attention where that runs on AMX-BF16 (bf16_plan)."""
     from ..cpu_schedule.bf16_isa import bf16_kernel
     from ..cpu_schedule.bf16_plan import attention_plan, int8_attention_plan
+    from ..cpu_schedule.int8_attention import INT8_MIN_KEYS
     from ..cpu_schedule.int8_isa import has_amx_int8, int8_isas
     if st.tvm_target.kind.name != "llvm":
         return {}
@@ -330,8 +331,8 @@ def _int8_kernels_report(st: CompileState) -> dict:
         plan = int8_attention_plan(st.relax, st.tvm_target)
         if plan["attentions_int8_scores"]:
             total = plan["attentions_int8_scores"] + plan["attentions_float32"]
-            st.log(f"  attention: Q.K^T in int8 in {plan['attentions_int8_scores']} of {total} (dynamic per-row "
-                   "scales; softmax and P.V in float32)")
+            st.log(f"  attention: Q.K^T in int8 in {plan['attentions_int8_scores']} of {total} from "
+                   f"{INT8_MIN_KEYS} keys on (dynamic per-row scales; softmax and P.V in float32)")
             report["int8"].update(plan)
     if bf16_kernel(st.tvm_target) == "amx-bf16":
         plan = attention_plan(st.relax, st.tvm_target)

@@ -164,7 +164,7 @@ class _AttentionFuser(relax.PyExprMutator):  # pylint: disable=abstract-method
                                     merged_out=merge is not None, wide=wide, int8_scores=int8)
             self.kernels[key] = self.builder_.add_func(func, "fused_attention_int8" if int8 else "fused_attention")
         self.fused += 1
-        args = [q, v, *self._int8_keys(kt, heads, d, ks), bias] if int8 else [q, kt, v, bias]
+        args = [q, kt, v, *self._int8_keys(kt, heads, d, ks), bias] if int8 else [q, kt, v, bias]
         if merge is None:
             out = relax.TensorType([qs[0], qs[1], qs[2], vs[3]], "float32")
             return relax.call_tir(self.kernels[key], args, out)

@@ -63,6 +63,9 @@ def attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float, mi: i
     ``wide``: the score tile is MI x 2·NJ and the output tile MI x 2·EC (two accumulator
     arrays each, so each stays a stack array the registers hold), once S >= 2·NJ; E must
     be a multiple of 2·EC. Each broadcast of Q or P then feeds four FMAs instead of two.
+    ``int8_scores``: Q·Kᵀ in int8 on AVX2 (int8_attention.py) wherever there are at least
+    int8_attention.INT8_MIN_KEYS keys, float32 below; the kernel then also takes the packed
+    keys (kp, ks, kc: int8_attention.pack_k_kernel): (q, kt, v, kp, ks, kc, bias, o).
     """
     from tvm.script import tirx as T
 
@@ -166,6 +169,46 @@ def attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float, mi: i
                         for l in T.vectorized(ec):
                             o[out_at(b, h, i0 + r, c * ec + l)] = out[r, l] * row_inv[r]
 
+    @T.macro
+    def float_scores(p, acc, acc2, q, kt, bias, b, h, i0, Tq, S, s_pad):
+        """p[:, :S] = the MI rows' float32 scores · scale + bias (the narrow case: -inf past S)."""
+        # 1. scores · scale + bias, NJ columns at a time (2·NJ when wide). The last
+        #    tile ends at S, overlapping the one before (whose values it writes again
+        #    unchanged), so every load is a vector in bounds. Per-lane clamped columns
+        #    (the narrow case below) compile to scalar code, MI x NJ x D scalar FMAs per
+        #    work item however narrow the tail: at 224 x 224 (201 tokens, 6 full blocks
+        #    and 9 columns) vit_rope_2d's attention took 2.29 ms of its 4 layers with a
+        #    clamped tail, 1.15 ms this way (2 threads).
+        if wide and S >= 2 * nj:
+            for jb in range(S // (2 * nj)):
+                score_tile(p, acc, acc2, q, kt, bias, b, h, i0, jb * 2 * nj, Tq, nj, nj)
+            # the last S mod 2·NJ columns: the narrowest tile that covers them, of
+            # 16, 32 or 64 (at 201 tokens 9 columns: 16 instead of 64). The kernel alone,
+            # B = 8, 6 heads of 64, 2 threads, paired runs against a 64-column tail:
+            # 0.94 of its time at 201 tokens, 0.89 at 77, outputs bit for bit equal
+            if S % (2 * nj) > nj:
+                score_tile(p, acc, acc2, q, kt, bias, b, h, i0, S - 2 * nj, Tq, nj, nj)
+            elif S % (2 * nj) > nj // 2:
+                score_tile(p, acc, acc2, q, kt, bias, b, h, i0, S - nj, Tq, nj, 0)
+            elif S % (2 * nj) > 0:
+                score_tile(p, acc, acc2, q, kt, bias, b, h, i0, S - nj // 2, Tq, nj // 2, 0)
+        elif S >= nj:
+            for jb in range(s_pad // nj):
+                score_tile(p, acc, acc2, q, kt, bias, b, h, i0, T.min(jb * nj, S - nj), Tq, nj, 0)
+        else:  # fewer columns than one block
+            for r in T.unroll(mi):
+                for l in T.vectorized(nj):
+                    acc[r, l] = T.float32(0)
+            for d in range(D):
+                for r in T.unroll(mi):
+                    for l in range(nj):
+                        acc[r, l] = acc[r, l] + q[q_at(b, h, T.min(i0 + r, Tq - 1), d)] * kt[b, h, d, T.min(l, S - 1)]
+            for r in T.unroll(mi):
+                for l in range(nj):
+                    p[r, l] = T.if_then_else(
+                        T.Cast("int64", l) < S,
+                        acc[r, l] * T.float32(scale) + bias[bias_at(b, h, T.min(i0 + r, Tq - 1), T.min(l, S - 1))],
+                        T.float32(neg_inf))
 
     @T.prim_func(private=True)
     def fused_attention(q_h: T.handle, kt_h: T.handle, v_h: T.handle, bias_h: T.handle, o_h: T.handle):
@@ -194,43 +237,7 @@ def attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float, mi: i
             lane = T.decl_buffer((nj,), "float32")
             out = T.decl_buffer((mi, ec), "float32")
             out2 = T.decl_buffer((mi, ec), "float32")  # the wide tile's second half
-            # 1. scores · scale + bias, NJ columns at a time (2·NJ when wide). The last
-            #    tile ends at S, overlapping the one before (whose values it writes again
-            #    unchanged), so every load is a vector in bounds. Per-lane clamped columns
-            #    (the narrow case below) compile to scalar code, MI x NJ x D scalar FMAs per
-            #    work item however narrow the tail: at 224 x 224 (201 tokens, 6 full blocks
-            #    and 9 columns) vit_rope_2d's attention took 2.29 ms of its 4 layers with a
-            #    clamped tail, 1.15 ms this way (2 threads).
-            if wide and S >= 2 * nj:
-                for jb in range(S // (2 * nj)):
-                    score_tile(p, acc, acc2, q, kt, bias, b, h, i0, jb * 2 * nj, Tq, nj, nj)
-                # the last S mod 2·NJ columns: the narrowest tile that covers them, of
-                # 16, 32 or 64 (at 201 tokens 9 columns: 16 instead of 64). The kernel alone,
-                # B = 8, 6 heads of 64, 2 threads, paired runs against a 64-column tail:
-                # 0.94 of its time at 201 tokens, 0.89 at 77, outputs bit for bit equal
-                if S % (2 * nj) > nj:
-                    score_tile(p, acc, acc2, q, kt, bias, b, h, i0, S - 2 * nj, Tq, nj, nj)
-                elif S % (2 * nj) > nj // 2:
-                    score_tile(p, acc, acc2, q, kt, bias, b, h, i0, S - nj, Tq, nj, 0)
-                elif S % (2 * nj) > 0:
-                    score_tile(p, acc, acc2, q, kt, bias, b, h, i0, S - nj // 2, Tq, nj // 2, 0)
-            elif S >= nj:
-                for jb in range(s_pad // nj):
-                    score_tile(p, acc, acc2, q, kt, bias, b, h, i0, T.min(jb * nj, S - nj), Tq, nj, 0)
-            else:  # fewer columns than one block
-                for r in T.unroll(mi):
-                    for l in T.vectorized(nj):
-                        acc[r, l] = T.float32(0)
-                for d in range(D):
-                    for r in T.unroll(mi):
-                        for l in range(nj):
-                            acc[r, l] = acc[r, l] + q[q_at(b, h, T.min(i0 + r, Tq - 1), d)] * kt[b, h, d, T.min(l, S - 1)]
-                for r in T.unroll(mi):
-                    for l in range(nj):
-                        p[r, l] = T.if_then_else(
-                            T.Cast("int64", l) < S,
-                            acc[r, l] * T.float32(scale) + bias[bias_at(b, h, T.min(i0 + r, Tq - 1), T.min(l, S - 1))],
-                            T.float32(neg_inf))
+            float_scores(p, acc, acc2, q, kt, bias, b, h, i0, Tq, S, s_pad)
             # the columns past S in the last NJ block (the narrow case wrote them already)
             for r in range(mi):
                 for l in range(s_pad - S):
@@ -250,6 +257,7 @@ def attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float, mi: i
                     lane[l] = T.max(lane[l], T.fabs(q[q_at(b, h, T.min(i0 + r, Tq - 1), c * i8.KEY_COLUMNS + l)]))
             row_max_of_lanes(row_max, lane, r, i8.KEY_COLUMNS, False, 0)
             q_mul[r] = row_max[r] * T.float32(scale / i8.Q_MAX)
+            # row_max[r] as the row's 127 / max|q| from here (the softmax sets it again)
             row_max[r] = T.if_then_else(row_max[r] > T.float32(0), T.float32(i8.Q_MAX) / row_max[r], T.float32(0))
             for c in range(D // i8.KEY_COLUMNS):
                 for l in T.vectorized(i8.KEY_COLUMNS):
@@ -276,14 +284,15 @@ def attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float, mi: i
                         T.min(jt * i8.KEY_COLUMNS + l, S - 1) if tail else jt * i8.KEY_COLUMNS + l)]
 
     @T.prim_func(private=True)
-    def fused_attention_int8(q_h: T.handle, v_h: T.handle, kp_h: T.handle, ks_h: T.handle, kc_h: T.handle,
-                             bias_h: T.handle, o_h: T.handle):
+    def fused_attention_int8(q_h: T.handle, kt_h: T.handle, v_h: T.handle, kp_h: T.handle, ks_h: T.handle,
+                             kc_h: T.handle, bias_h: T.handle, o_h: T.handle):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
         B = T.int64()
         Tq = T.int64()
         S = T.int64()
         q = T.match_buffer(q_h, q_shape(B, Tq), "float32")
-        v = T.match_buffer(v_h, (B, H, S, E), "float32")  # first: it binds S for the packed keys
+        kt = T.match_buffer(kt_h, (B, H, D, S), "float32")  # before the packed keys: it binds S
+        v = T.match_buffer(v_h, (B, H, S, E), "float32")
         kp = T.match_buffer(kp_h, (B, H, i8.key_blocks(S), D // i8.GROUP, i8.KEY_COLUMNS * i8.GROUP), "int8")
         ks = T.match_buffer(ks_h, (B, H, i8.key_blocks(S) * i8.KEY_COLUMNS), "float32")
         kc = T.match_buffer(kc_h, (B, H, i8.key_blocks(S) * i8.KEY_COLUMNS), "int32")
@@ -296,6 +305,8 @@ def attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float, mi: i
             h = T.meta_var(item // n_rb % H)
             i0 = T.meta_var(item % n_rb * mi)
             p = T.decl_buffer((mi, s_pad), "float32")
+            acc = T.decl_buffer((mi, nj), "float32")
+            acc2 = T.decl_buffer((mi, nj), "float32")
             qa = T.decl_buffer((mi, D), "uint8")
             q_mul = T.decl_buffer((mi,), "float32")
             iacc = T.decl_buffer((mi, i8.KEY_COLUMNS), "int32")
@@ -304,12 +315,18 @@ def attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float, mi: i
             lane = T.decl_buffer((nj,), "float32")
             out = T.decl_buffer((mi, ec), "float32")
             out2 = T.decl_buffer((mi, ec), "float32")
-            quantized_queries(qa, q_mul, lane, row_max, q, b, h, i0, Tq)
-            # 1. scores · scale + bias, 8 keys at a time (s_pad >= 8·S8: the tail block fits)
-            for jt in range(S // i8.KEY_COLUMNS):
-                int8_score_tile(p, iacc, qa, q_mul, kp, ks, kc, bias, b, h, i0, jt, Tq, S, False)
-            if S % i8.KEY_COLUMNS > 0:
-                int8_score_tile(p, iacc, qa, q_mul, kp, ks, kc, bias, b, h, i0, S // i8.KEY_COLUMNS, Tq, S, True)
+            # 1. scores · scale + bias: in int8 from the packed keys, 8 keys at a time (s_pad
+            #    >= 8·S8: the tail block fits), where there are enough keys
+            #    (int8_attention.INT8_MIN_KEYS; the packing kernel skips the others), else
+            #    in float32 from Kᵀ
+            if S >= i8.INT8_MIN_KEYS:
+                quantized_queries(qa, q_mul, lane, row_max, q, b, h, i0, Tq)
+                for jt in range(S // i8.KEY_COLUMNS):
+                    int8_score_tile(p, iacc, qa, q_mul, kp, ks, kc, bias, b, h, i0, jt, Tq, S, False)
+                if S % i8.KEY_COLUMNS > 0:
+                    int8_score_tile(p, iacc, qa, q_mul, kp, ks, kc, bias, b, h, i0, S // i8.KEY_COLUMNS, Tq, S, True)
+            else:
+                float_scores(p, acc, acc2, q, kt, bias, b, h, i0, Tq, S, s_pad)
             for r in range(mi):
                 for l in range(s_pad - S):
                     p[r, S + l] = T.float32(neg_inf)

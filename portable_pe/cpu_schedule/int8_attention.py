@@ -1,6 +1,7 @@
 """Attention's Q·Kᵀ in int8 for `--precision int8` on AVX2 without VNNI (the ``avx2-u8s7``
-kernel of int8_isa): the scores' multiply-adds at vpmaddubsw's 32 per instruction, where
-the float32 kernel does 8 per FMA. Softmax and P·V stay float32 (attention_tiles).
+kernel of int8_isa), at INT8_MIN_KEYS keys and more: the scores' multiply-adds at
+vpmaddubsw's 32 per instruction, where the float32 kernel does 8 per FMA. Softmax and P·V
+stay float32 (attention_tiles).
 
 Quantization, dynamic and per row, so no calibration is needed for activations that
 depend on the input:
@@ -33,6 +34,14 @@ from .work_claims import CLAIM_ITEMS
 #: keys per packed vector (8 int32 lanes of 4 products each) and elements per lane
 KEY_COLUMNS = 8
 GROUP = 4
+#: the fewest keys for which the scores run in int8 (a run-time test in both kernels; fewer
+#: take attention_tiles' float32 scores). Below it the scores are a small part of attention
+#: and the packing kernel costs about what they save (whole int8 bundles at B = 8 T = 128:
+#: 0.97 to 1.02 of the float32 scores' time, against 0.87 to 0.92 at T = 512), and the
+#: rounding costs more accuracy at short sequences (scripts/int8_attention_error.py: 1 -
+#: cosine 1e-7 at 18 tokens, 7e-9 at 300): the tiny ViT test graph's int8 build, at 18
+#: tokens with int8 scores, trailed onnxruntime int8's cosine by 2.2e-6.
+INT8_MIN_KEYS = 256
 #: the quantized keys' range (7 bits: vpmaddubsw exact) and the queries' (8 bits, offset)
 K_MAX = 64
 Q_MAX = 127
@@ -81,7 +90,8 @@ def pack_k_kernel(*, heads: int, qk_dim: int):
     kc [B, H, 8·S8] int32), the module docstring's key quantization: kp[b, h, t, g] holds
     keys 8t..8t+7, each by its elements 4g..4g+3. Keys past S (the last block's padding)
     get kq = 0, ks = 0 and kc = 0. A whole block is quantized 8 keys at a time and packed
-    by one shuffle per vector; the partial one element by element."""
+    by one shuffle per vector; the partial one element by element. Under INT8_MIN_KEYS
+    keys it writes nothing (the attention kernel's scores are float32 then)."""
     H, D = heads, qk_dim
     n_groups = D // GROUP
     n = KEY_COLUMNS
@@ -98,7 +108,8 @@ def pack_k_kernel(*, heads: int, qk_dim: int):
         # a root block (s_tir), as a kernel of blocks has: RewriteDataflowReshape checks
         # every one-input kernel for a reshape and expects one
         with T.sblock("root"):
-            for item in T.parallel(B * H * key_blocks(S), annotations={CLAIM_ITEMS: 1}):
+            for item in T.parallel(T.if_then_else(S >= INT8_MIN_KEYS, B * H * key_blocks(S), T.int64(0)),
+                                   annotations={CLAIM_ITEMS: 1}):
                 b = T.meta_var(item // (H * key_blocks(S)))
                 h = T.meta_var(item // key_blocks(S) % H)
                 jt = T.meta_var(item % key_blocks(S))
