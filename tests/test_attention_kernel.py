@@ -54,6 +54,28 @@ def _attention(bias: tuple | None = None, *, bias_first: bool = False, axis: int
     return bb.get()
 
 
+def _inputs(rng, b: int, t: int, bias_dims: tuple | None, head_dim: int = D):
+    """(q, k, v, bias) of [b, H, t, head_dim], the bias of ``bias_dims`` (as _attention
+    names them; None: no bias), drawn in that order."""
+    q, k, v = (rng.standard_normal((b, H, t, head_dim), dtype=np.float32) for _ in range(3))
+    bias = None
+    if bias_dims is not None:
+        bias = rng.standard_normal([{"b": b, "t": t}.get(d, d) for d in bias_dims], dtype=np.float32)
+    return q, k, v, bias
+
+
+def _run(vm, *args):
+    """The compiled module's output for these numpy inputs (None ones left out)."""
+    return vm["main"](*[tvm.runtime.tensor(a, tvm.cpu()) for a in args if a is not None]).numpy()
+
+
+def _masked_causally(b: int, t: int):
+    """A [b, 1, t, t] causal -inf mask whose row t // 2 of the first batch is fully masked."""
+    mask = np.where(np.tril(np.ones((t, t), bool)), 0, -np.inf).astype(np.float32)[None, None].repeat(b, 0)
+    mask[0, 0, t // 2] = -np.inf  # a fully masked row: NaN from softmax, then 0
+    return mask
+
+
 # bias dims of the fused forms: none, a T5 / ALiBi table shared by the batch, a
 # per-batch mask shared by the heads (added on the left), one table for every batch and head
 BIASES = {"no-bias": (None, False), "head-bias": ((H, "t", "t"), False),
@@ -97,13 +119,8 @@ def test_attention_becomes_one_kernel_and_matches_numpy(form):
                                           tir_pipeline=cpu_tir_pipeline(HOST)), tvm.cpu())
     rng = np.random.default_rng(0)
     for b, t in [(1, 1), (2, 5), (1, 77), (2, 300)]:  # 77 and 300: ragged row blocks and column tails
-        q, k, v = (rng.standard_normal((b, H, t, D), dtype=np.float32) for _ in range(3))
-        args, bias = [q, k, v], None
-        if bias_dims is not None:
-            bias = rng.standard_normal([{"b": b, "t": t}.get(d, d) for d in bias_dims], dtype=np.float32)
-            args.append(bias)
-        got = vm["main"](*[tvm.runtime.tensor(a, tvm.cpu()) for a in args]).numpy()
-        np.testing.assert_allclose(got, _reference(q, k, v, bias), rtol=1e-5, atol=2e-6)
+        q, k, v, bias = _inputs(rng, b, t, bias_dims)
+        np.testing.assert_allclose(_run(vm, q, k, v, bias), _reference(q, k, v, bias), rtol=1e-5, atol=2e-6)
 
 
 @pytest.mark.skipif("avx512f" not in cpu_flags(), reason="this CPU has no avx512f")
@@ -124,13 +141,9 @@ def test_wide_tiles_on_avx512_match_numpy_on_both_sides_of_their_width(form):
                                           tir_pipeline=cpu_tir_pipeline(AVX512)), tvm.cpu())
     rng = np.random.default_rng(3)
     for b, t in [(1, 1), (2, 20), (1, 40), (2, 64), (1, 77), (1, 90), (1, 110), (1, 128), (2, 130)]:
-        q, k, v = (rng.standard_normal((b, H, t, 64), dtype=np.float32) for _ in range(3))
-        args, bias = [q, k, v], None
-        if bias_dims is not None:
-            bias = rng.standard_normal([{"b": b, "t": t}.get(d, d) for d in bias_dims], dtype=np.float32)
-            args.append(bias)
-        got = vm["main"](*[tvm.runtime.tensor(a, tvm.cpu()) for a in args]).numpy()
-        np.testing.assert_allclose(got, _reference(q, k, v, bias), rtol=1e-5, atol=2e-6, err_msg=f"b={b} t={t}")
+        q, k, v, bias = _inputs(rng, b, t, bias_dims, head_dim=64)
+        np.testing.assert_allclose(_run(vm, q, k, v, bias), _reference(q, k, v, bias), rtol=1e-5, atol=2e-6,
+                                   err_msg=f"b={b} t={t}")
 
 
 def test_softmax_over_another_axis_is_left_alone():
@@ -184,10 +197,9 @@ def test_torch_sdpa_decomposition_is_one_kernel_and_zeroes_fully_masked_rows():
                                           tir_pipeline=cpu_tir_pipeline(HOST)), tvm.cpu())
     rng = np.random.default_rng(2)
     for b, t in [(1, 1), (2, 9), (1, 77)]:
-        q, k, v = (rng.standard_normal((b, H, t, D), dtype=np.float32) for _ in range(3))
-        mask = np.where(np.tril(np.ones((t, t), bool)), 0, -np.inf).astype(np.float32)[None, None].repeat(b, 0)
-        mask[0, 0, t // 2] = -np.inf  # a fully masked row: NaN from softmax, then 0
-        got = vm["main"](*[tvm.runtime.tensor(a, tvm.cpu()) for a in (q, k, v, mask)]).numpy()
+        q, k, v, _ = _inputs(rng, b, t, None)
+        mask = _masked_causally(b, t)
+        got = _run(vm, q, k, v, mask)
         with np.errstate(invalid="ignore"):
             want = np.nan_to_num(_reference(q, k, v, mask), nan=0.0)
         assert np.isfinite(got).all()

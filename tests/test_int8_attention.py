@@ -21,7 +21,8 @@ from portable_pe.cpu_schedule.int8_attention import INT8_MIN_KEYS, K_MAX, Q_MAX,
 from portable_pe.cpu_schedule.work_claims import cpu_tir_pipeline
 from portable_pe.host_cpu import cpu_flags
 
-from test_attention_kernel import BIASES, H, SCALE, _attention, _reference, _sdpa_decomposition
+from test_attention_kernel import (BIASES, H, SCALE, _attention, _inputs, _masked_causally, _reference, _run,
+                                   _sdpa_decomposition)
 
 # AVX2 without VNNI: the CPUs whose int8 kernel is avx2-u8s7, and a subset of every AVX2 CPU
 HASWELL = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
@@ -111,12 +112,8 @@ def test_int8_scores_match_their_quantized_model(form):
     vm = relax.VirtualMachine(executable, tvm.cpu())
     rng = np.random.default_rng(1)
     for b, t in [(1, 1), (2, 5), (1, 77), (1, INT8_MIN_KEYS - 1), (1, INT8_MIN_KEYS), (2, 300), (1, 333)]:
-        q, k, v = (rng.standard_normal((b, H, t, D), dtype=np.float32) for _ in range(3))
-        args, bias = [q, k, v], None
-        if bias_dims is not None:
-            bias = rng.standard_normal([{"b": b, "t": t}.get(d, d) for d in bias_dims], dtype=np.float32)
-            args.append(bias)
-        got = vm["main"](*[tvm.runtime.tensor(a, tvm.cpu()) for a in args]).numpy()
+        q, k, v, bias = _inputs(rng, b, t, bias_dims)
+        got = _run(vm, q, k, v, bias)
         want = (_quantized_reference if t >= INT8_MIN_KEYS else _reference)(q, k, v, bias)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6, err_msg=f"b={b} t={t}")
 
@@ -128,10 +125,9 @@ def test_int8_scores_zero_fully_masked_rows():
     vm = _vm(_sdpa_decomposition())
     rng = np.random.default_rng(2)
     for b, t in [(2, 9), (1, 260)]:
-        q, k, v = (rng.standard_normal((b, H, t, D), dtype=np.float32) for _ in range(3))
-        mask = np.where(np.tril(np.ones((t, t), bool)), 0, -np.inf).astype(np.float32)[None, None].repeat(b, 0)
-        mask[0, 0, t // 2] = -np.inf
-        got = vm["main"](*[tvm.runtime.tensor(a, tvm.cpu()) for a in (q, k, v, mask)]).numpy()
+        q, k, v, _ = _inputs(rng, b, t, None)
+        mask = _masked_causally(b, t)
+        got = _run(vm, q, k, v, mask)
         with np.errstate(invalid="ignore"):
             want = np.nan_to_num((_quantized_reference if t >= INT8_MIN_KEYS else _reference)(q, k, v, mask), nan=0.0)
         assert np.isfinite(got).all() and not got[0, :, t // 2].any()

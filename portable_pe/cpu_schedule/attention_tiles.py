@@ -210,41 +210,6 @@ def attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float, mi: i
                         acc[r, l] * T.float32(scale) + bias[bias_at(b, h, T.min(i0 + r, Tq - 1), T.min(l, S - 1))],
                         T.float32(neg_inf))
 
-    @T.prim_func(private=True)
-    def fused_attention(q_h: T.handle, kt_h: T.handle, v_h: T.handle, bias_h: T.handle, o_h: T.handle):
-        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-        B = T.int64()
-        Tq = T.int64()
-        S = T.int64()
-        q = T.match_buffer(q_h, q_shape(B, Tq), "float32")
-        kt = T.match_buffer(kt_h, (B, H, D, S), "float32")
-        v = T.match_buffer(v_h, (B, H, S, E), "float32")
-        bias = T.match_buffer(bias_h, bias_shape(B, Tq, S), "float32")
-        o = T.match_buffer(o_h, out_shape(B, Tq), "float32")
-        n_rb = T.meta_var((Tq + (mi - 1)) // mi)
-        # Scalars are inlined (meta_var), not assigned: TVMScript makes an assigned scalar a
-        # one-element buffer (a heap workspace per work item, reloaded in every loop).
-        s_pad = T.meta_var((S + (nj - 1)) // nj * nj)
-        for item in T.parallel(B * H * n_rb, annotations={CLAIM_ITEMS: 1}):
-            b = T.meta_var(item // (H * n_rb))
-            h = T.meta_var(item // n_rb % H)
-            i0 = T.meta_var(item % n_rb * mi)
-            p = T.decl_buffer((mi, s_pad), "float32")
-            acc = T.decl_buffer((mi, nj), "float32")
-            acc2 = T.decl_buffer((mi, nj), "float32")  # the wide tile's second half
-            row_max = T.decl_buffer((mi,), "float32")
-            row_inv = T.decl_buffer((mi,), "float32")
-            lane = T.decl_buffer((nj,), "float32")
-            out = T.decl_buffer((mi, ec), "float32")
-            out2 = T.decl_buffer((mi, ec), "float32")  # the wide tile's second half
-            float_scores(p, acc, acc2, q, kt, bias, b, h, i0, Tq, S, s_pad)
-            # the columns past S in the last NJ block (the narrow case wrote them already)
-            for r in range(mi):
-                for l in range(s_pad - S):
-                    p[r, S + l] = T.float32(neg_inf)
-            softmax_rows(p, row_max, row_inv, lane, s_pad)
-            weighted_values(p, out, out2, row_inv, v, o, b, h, i0, Tq, S)
-
     @T.macro
     def quantized_queries(qa, q_mul, lane, row_max, q, b, h, i0, Tq):
         """qa[r] = the block's query row r in 8 bits, offset to uint8 (int8_attention);
@@ -283,6 +248,69 @@ def attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float, mi: i
                         b, h, T.min(i0 + r, Tq - 1),
                         T.min(jt * i8.KEY_COLUMNS + l, S - 1) if tail else jt * i8.KEY_COLUMNS + l)]
 
+    @T.macro
+    def attention_rows(q, kt, v, bias, o, kp, ks, kc, B, Tq, S):
+        """The kernel's work items, each MI query rows of one (batch, head): their scores
+        (int8 from the packed keys kp, ks, kc with ``int8_scores`` and at least
+        INT8_MIN_KEYS keys, else float32 from Kᵀ), softmax and P·V."""
+        n_rb = T.meta_var((Tq + (mi - 1)) // mi)
+        # Scalars are inlined (meta_var), not assigned: TVMScript makes an assigned scalar a
+        # one-element buffer (a heap workspace per work item, reloaded in every loop).
+        s_pad = T.meta_var((S + (nj - 1)) // nj * nj)
+        for item in T.parallel(B * H * n_rb, annotations={CLAIM_ITEMS: 1}):
+            b = T.meta_var(item // (H * n_rb))
+            h = T.meta_var(item // n_rb % H)
+            i0 = T.meta_var(item % n_rb * mi)
+            p = T.decl_buffer((mi, s_pad), "float32")
+            acc = T.decl_buffer((mi, nj), "float32")
+            acc2 = T.decl_buffer((mi, nj), "float32")  # the wide tile's second half
+            row_max = T.decl_buffer((mi,), "float32")
+            row_inv = T.decl_buffer((mi,), "float32")
+            lane = T.decl_buffer((nj,), "float32")
+            out = T.decl_buffer((mi, ec), "float32")
+            out2 = T.decl_buffer((mi, ec), "float32")  # the wide tile's second half
+            # 1. scores · scale + bias. int8 (where there are enough keys: the packing
+            #    kernel skips the others) 8 keys at a time; s_pad >= 8·S8, so the tail
+            #    block fits
+            if int8_scores:
+                if S >= i8.INT8_MIN_KEYS:
+                    qa = T.decl_buffer((mi, D), "uint8")
+                    q_mul = T.decl_buffer((mi,), "float32")
+                    iacc = T.decl_buffer((mi, i8.KEY_COLUMNS), "int32")
+                    quantized_queries(qa, q_mul, lane, row_max, q, b, h, i0, Tq)
+                    for jt in range(S // i8.KEY_COLUMNS):
+                        int8_score_tile(p, iacc, qa, q_mul, kp, ks, kc, bias, b, h, i0, jt, Tq, S, False)
+                    if S % i8.KEY_COLUMNS > 0:
+                        int8_score_tile(p, iacc, qa, q_mul, kp, ks, kc, bias, b, h, i0, S // i8.KEY_COLUMNS, Tq, S,
+                                        True)
+                else:
+                    float_scores(p, acc, acc2, q, kt, bias, b, h, i0, Tq, S, s_pad)
+            else:
+                float_scores(p, acc, acc2, q, kt, bias, b, h, i0, Tq, S, s_pad)
+            # the columns past S in the last block (float32's narrow case wrote them already)
+            for r in range(mi):
+                for l in range(s_pad - S):
+                    p[r, S + l] = T.float32(neg_inf)
+            softmax_rows(p, row_max, row_inv, lane, s_pad)
+            weighted_values(p, out, out2, row_inv, v, o, b, h, i0, Tq, S)
+
+    # only the kernel asked for is parsed (each takes ~0.15 s)
+    if not int8_scores:
+        @T.prim_func(private=True)
+        def fused_attention(q_h: T.handle, kt_h: T.handle, v_h: T.handle, bias_h: T.handle, o_h: T.handle):
+            T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+            B = T.int64()
+            Tq = T.int64()
+            S = T.int64()
+            q = T.match_buffer(q_h, q_shape(B, Tq), "float32")
+            kt = T.match_buffer(kt_h, (B, H, D, S), "float32")
+            v = T.match_buffer(v_h, (B, H, S, E), "float32")
+            bias = T.match_buffer(bias_h, bias_shape(B, Tq, S), "float32")
+            o = T.match_buffer(o_h, out_shape(B, Tq), "float32")
+            attention_rows(q, kt, v, bias, o, None, None, None, B, Tq, S)
+
+        return fused_attention
+
     @T.prim_func(private=True)
     def fused_attention_int8(q_h: T.handle, kt_h: T.handle, v_h: T.handle, kp_h: T.handle, ks_h: T.handle,
                              kc_h: T.handle, bias_h: T.handle, o_h: T.handle):
@@ -298,41 +326,6 @@ def attention_kernel(*, heads: int, qk_dim: int, v_dim: int, scale: float, mi: i
         kc = T.match_buffer(kc_h, (B, H, i8.key_blocks(S) * i8.KEY_COLUMNS), "int32")
         bias = T.match_buffer(bias_h, bias_shape(B, Tq, S), "float32")
         o = T.match_buffer(o_h, out_shape(B, Tq), "float32")
-        n_rb = T.meta_var((Tq + (mi - 1)) // mi)
-        s_pad = T.meta_var((S + (nj - 1)) // nj * nj)
-        for item in T.parallel(B * H * n_rb, annotations={CLAIM_ITEMS: 1}):
-            b = T.meta_var(item // (H * n_rb))
-            h = T.meta_var(item // n_rb % H)
-            i0 = T.meta_var(item % n_rb * mi)
-            p = T.decl_buffer((mi, s_pad), "float32")
-            acc = T.decl_buffer((mi, nj), "float32")
-            acc2 = T.decl_buffer((mi, nj), "float32")
-            qa = T.decl_buffer((mi, D), "uint8")
-            q_mul = T.decl_buffer((mi,), "float32")
-            iacc = T.decl_buffer((mi, i8.KEY_COLUMNS), "int32")
-            row_max = T.decl_buffer((mi,), "float32")
-            row_inv = T.decl_buffer((mi,), "float32")
-            lane = T.decl_buffer((nj,), "float32")
-            out = T.decl_buffer((mi, ec), "float32")
-            out2 = T.decl_buffer((mi, ec), "float32")
-            # 1. scores · scale + bias: in int8 from the packed keys, 8 keys at a time (s_pad
-            #    >= 8·S8: the tail block fits), where there are enough keys
-            #    (int8_attention.INT8_MIN_KEYS; the packing kernel skips the others), else
-            #    in float32 from Kᵀ
-            if S >= i8.INT8_MIN_KEYS:
-                quantized_queries(qa, q_mul, lane, row_max, q, b, h, i0, Tq)
-                for jt in range(S // i8.KEY_COLUMNS):
-                    int8_score_tile(p, iacc, qa, q_mul, kp, ks, kc, bias, b, h, i0, jt, Tq, S, False)
-                if S % i8.KEY_COLUMNS > 0:
-                    int8_score_tile(p, iacc, qa, q_mul, kp, ks, kc, bias, b, h, i0, S // i8.KEY_COLUMNS, Tq, S, True)
-            else:
-                float_scores(p, acc, acc2, q, kt, bias, b, h, i0, Tq, S, s_pad)
-            for r in range(mi):
-                for l in range(s_pad - S):
-                    p[r, S + l] = T.float32(neg_inf)
-            softmax_rows(p, row_max, row_inv, lane, s_pad)
-            weighted_values(p, out, out2, row_inv, v, o, b, h, i0, Tq, S)
+        attention_rows(q, kt, v, bias, o, kp, ks, kc, B, Tq, S)
 
-    if int8_scores:
-        return fused_attention_int8
-    return fused_attention
+    return fused_attention_int8
