@@ -315,7 +315,7 @@ def _int8_kernels_report(st: CompileState) -> dict:
     its attention where that runs on AMX-BF16 (bf16_plan)."""
     from ..cpu_schedule.bf16_isa import bf16_kernel
     from ..cpu_schedule.bf16_plan import attention_plan, int8_attention_plan
-    from ..cpu_schedule.int8_attention import INT8_MIN_KEYS
+    from ..cpu_schedule.int8_attention import INT8_MIN_KEYS, runs_on as int8_scores_run_on
     from ..cpu_schedule.int8_isa import has_amx_int8, int8_isas
     if st.tvm_target.kind.name != "llvm":
         return {}
@@ -327,12 +327,13 @@ def _int8_kernels_report(st: CompileState) -> dict:
         report["int8"]["else"] = isas[1].name
         dot += f" (weights within +-{isas[0].w_max}), else {isas[1].name}"
     st.log("  int8 matmuls: " + (f"amx-int8 where K % 64 == 0 and N % 32 == 0, else {dot}" if amx_int8 else dot))
-    plan = int8_attention_plan(st.relax, st.tvm_target)  # the fusion decides which CPUs (int8_attention)
-    if plan["attentions_int8_scores"]:
-        total = plan["attentions_int8_scores"] + plan["attentions_float32"]
-        st.log(f"  attention: Q.K^T in int8 in {plan['attentions_int8_scores']} of {total} from "
-               f"{INT8_MIN_KEYS} keys on (dynamic per-row scales; softmax and P.V in float32)")
-        report["int8"].update(plan)
+    if int8_scores_run_on(st.tvm_target):  # the fusion's own test: no fusion run to count nothing
+        plan = int8_attention_plan(st.relax, st.tvm_target)
+        if plan["attentions_int8_scores"]:
+            total = plan["attentions_int8_scores"] + plan["attentions_float32"]
+            st.log(f"  attention: Q.K^T in int8 in {plan['attentions_int8_scores']} of {total} from "
+                   f"{INT8_MIN_KEYS} keys on (dynamic per-row scales; softmax and P.V in float32)")
+            report["int8"].update(plan)
     if bf16_kernel(st.tvm_target) == "amx-bf16":
         plan = attention_plan(st.relax, st.tvm_target)
         if plan["attentions_bf16"]:

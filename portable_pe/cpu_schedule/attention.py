@@ -21,7 +21,6 @@ from tvm.ir import IRModule
 from . import bf16_attention, bf16_pack_k, int8_attention
 from .attention_tiles import WIDE_LANES, WIDE_TILE_ROWS, attention_kernel
 from .bf16_isa import bf16_kernel
-from .int8_isa import int8_isa
 from .fast_math import _fast_exp  # noqa: F401 (the kernels' exp; tests import it from here)
 from .head_layouts import merged_output, projection_rows
 from .matmul import _register_tile
@@ -48,7 +47,7 @@ class _AttentionFuser(relax.PyExprMutator):  # pylint: disable=abstract-method
         # --precision bf16 on AMX: the two products on the tiles (bf16_attention)
         self.amx = bf16 and bf16_kernel(target) == "amx-bf16"
         # --precision int8 on AVX2 without VNNI: Q·Kᵀ on vpmaddubsw (int8_attention)
-        self.int8 = int8 and not self.amx and int8_isa(target).name == "avx2-u8s7"
+        self.int8 = int8 and not self.amx and int8_attention.runs_on(target)
         self.lanes = _vector_lanes(target)
         self.mi, self.nj = _register_tile(target, self.lanes, None, None)
         self.kernels: dict[tuple, relax.GlobalVar] = {}

@@ -29,6 +29,7 @@ import functools
 
 from tvm.script import tirx as T
 
+from .int8_isa import int8_isa
 from .work_claims import CLAIM_ITEMS
 
 #: keys per packed vector (8 int32 lanes of 4 products each) and elements per lane
@@ -49,6 +50,12 @@ Q_OFFSET = 128
 
 _PMADDUBSW = "llvm.x86.avx2.pmadd.ub.sw"
 _PMADDWD = "llvm.x86.avx2.pmadd.wd"
+
+
+def runs_on(target) -> bool:
+    """Whether an int8 build for `target` takes int8 scores: its int8 kernel is avx2-u8s7
+    (AVX2 without VNNI). Elsewhere attention stays float32, or bf16 on AMX."""
+    return int8_isa(target).name == "avx2-u8s7"
 
 
 def fits(qk_dim: int) -> bool:
