@@ -15,9 +15,11 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 from portable_pe.cpu_schedule import cpu_pipeline
+from portable_pe.cpu_schedule.pipeline import CPUDefaultSchedule, fusion_passes
 from portable_pe.cpu_schedule.matmul import _STACK_ARRAY_LIMIT_BYTES, _register_tile
 from portable_pe.cpu_schedule.small_work import SERIAL_BELOW_ITERATIONS, SerialWhenSmall
 from portable_pe.cpu_schedule.tir_util import _blocks_under, _const_int, _node, _simd_registers, _vector_lanes, _walk
+from portable_pe.host_cpu import cpu_flags
 
 TARGETS = {
     "avx512": {"kind": "llvm", "mcpu": "znver4"},
@@ -463,6 +465,29 @@ def test_a_transposed_copy_along_a_dynamic_dim_is_computed_in_tiles():
     serial = [s for s in _walk(func.body) if _node(s) == "For" and s.kind == tirx.ForKind.SERIAL
               and _const_int(s.extent) == _TILE]
     assert serial, script  # the tile's positions
+
+
+
+@pytest.mark.skipif("avx2" not in cpu_flags(), reason="runs an AVX2 build; this CPU has no AVX2")
+def test_whole_kt_tiles_are_transposed_in_registers_on_x86():
+    """With 8-float vectors, the tile's copy runs transpose_8x8's kernel (8 x 8 blocks in
+    registers) when all 16 positions are real, and the scalar copy for the last, partial
+    tile: Kᵀ equals numpy's with no partial tile, with one, and under one tile."""
+    from portable_pe.cpu_schedule.transpose_8x8 import KERNEL
+    target = tvm.target.Target({**TARGETS["avx2"], "num-cores": 2})
+    with target:
+        scheduled = tvm.transform.Sequential([*fusion_passes(), CPUDefaultSchedule(target)])(_rotate_half_module())
+    script = _kernel_named(scheduled, "transpose").script()
+    assert script.count(f'"{KERNEL}16x64"') == 1, script
+    assert "T_transpose_intermediate_global[" in script.split(KERNEL)[-1], script  # the scalar copy, kept for the tail
+    vm = relax.VirtualMachine(tvm.compile(_rotate_half_module(), target=target, relax_pipeline=cpu_pipeline(target)),
+                              tvm.cpu())
+    rng = np.random.default_rng(3)
+    for seq in (48, 37, 5):
+        x, cos, sin = (rng.standard_normal(shape).astype("float32") for shape in
+                       ((seq, 4, 64), (seq, 1, 64), (seq, 1, 64)))
+        got = vm["kt"](*[tvm.runtime.tensor(a) for a in (x, cos, sin)]).numpy()
+        np.testing.assert_allclose(got, _rotate_half_reference(x, cos, sin).transpose(1, 2, 0), rtol=1e-6, atol=1e-6)
 
 
 @I.ir_module

@@ -55,6 +55,7 @@ Modules
 ``spatial``    inlining and the generic injective rule
 ``concat_lanes``  a concat along the vector dim, vectorized in parts (no per-lane select)
 ``transpose_tiles``  a transposed copy along a dynamic dim, computed in tiles
+``transpose_8x8``  x86: its whole tiles written in 8 x 8 register blocks (LLVM IR kernel)
 ``matmul``     matmul matching and the register-blocked micro-kernel schedule
 ``f32_tiles``  the float32 AVX-512 micro-kernel (12 x 32, LLVM IR) and its tensor intrinsic
 ``f32_dense``  the float32 dense schedule around it: (row tile, core group) work items

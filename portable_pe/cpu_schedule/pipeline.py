@@ -32,6 +32,7 @@ from .quant_matmul import LowerQuantizedMatmul
 from .reduction import _schedule_reduction_chain
 from .reshape_views import LEGALIZE_MAP as RESHAPE_VIEWS
 from .rows_in_place import read_rows_in_place
+from .transpose_8x8 import whole_tiles_in_registers
 from .small_work import SerialWhenSmall
 from .weight_packing import FoldWeightPacking, MarkConstantWeights, SplitWeightPacking
 from .split_bias import HoistSplitBias
@@ -77,15 +78,15 @@ def schedule_prim_func(func: tirx.PrimFunc, target) -> tirx.PrimFunc | None:
         if schedule_f32_dense(sch, mm_block, epilogue, target):
             return read_rows_in_place(without_extern_zero_fills(sch.mod["main"], (F32_KERNEL,)), F32_KERNEL)
         if _schedule_matmul(sch, mm_block, epilogue, target):
-            return sch.mod["main"]
+            return whole_tiles_in_registers(sch.mod["main"])  # (a transposed prologue)
         return None
     if reductions:
         if _schedule_reduction_chain(sch, blocks, target):
-            return sch.mod["main"]
+            return whole_tiles_in_registers(sch.mod["main"])
         return None
     for blk in blocks:
         _schedule_spatial_block(sch, blk, lanes)
-    return sch.mod["main"]
+    return whole_tiles_in_registers(sch.mod["main"])
 
 
 def _lowering_error(func, target) -> Exception | None:

@@ -13,7 +13,9 @@ along it in parts, see concat_lanes), and a copy writes the tile out transposed,
 it back from L1; each tile writes whole cache lines of the output. The copy is scalar
 (the stored dim has a run-time tail). That kernel, B8 T512 bf16: 6.5 -> 2.5 ms; tiling
 alone, computed in place, gave 3.4 ms: LLVM vectorized the tile's positions with masked
-gathers, or, unrolled, spent ~35 scalar instructions per element.
+gathers, or, unrolled, spent ~35 scalar instructions per element. On x86 the whole tiles
+are copied in 8 x 8 register blocks instead (transpose_8x8), the last tile by the scalar
+copy.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 from .concat_lanes import concat_cuts, part_width, vectorize_in_parts
 from .loops import _parallel_outer
 from .tir_util import _expr_vars, _loads_of_value, _loop_extent
+from .transpose_8x8 import BLOCK, WHOLE_TILES
 
 #: positions of the dynamic dim per tile: 16 floats, one cache line of the output row
 _TILE = 16
@@ -63,6 +66,9 @@ def schedule_transpose_tiles(sch, block, lanes: int, parallel: bool = True) -> b
         raise ValueError(f"transpose_tiles: expected 2 loops in a tile, found {len(inner)}")
     sch.reorder(inner[1], inner[0])  # the `along` dim innermost, as the tile is laid out
     vectorize_in_parts(sch, inner[0], cuts, lanes)
+    if lanes >= BLOCK and _TILE % BLOCK == 0 and (_loop_extent(sch, copy_loops[along]) or 1) % BLOCK == 0:
+        # x86: whole tiles are written by transpose_8x8's kernel (whole_tiles_in_registers)
+        sch.annotate(copy_loops[along], WHOLE_TILES, 1)
     if parallel and others:
         _parallel_outer(sch, others)
     return True
