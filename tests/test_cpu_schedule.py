@@ -467,7 +467,6 @@ def test_a_transposed_copy_along_a_dynamic_dim_is_computed_in_tiles():
     assert serial, script  # the tile's positions
 
 
-
 @pytest.mark.skipif("avx2" not in cpu_flags(), reason="runs an AVX2 build; this CPU has no AVX2")
 def test_whole_kt_tiles_are_transposed_in_registers_on_x86():
     """With 8-float vectors, the tile's copy runs transpose_8x8's kernel (8 x 8 blocks in
