@@ -15,7 +15,6 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 from portable_pe.cpu_schedule import cpu_pipeline
-from portable_pe.cpu_schedule.pipeline import CPUDefaultSchedule, fusion_passes
 from portable_pe.cpu_schedule.matmul import _STACK_ARRAY_LIMIT_BYTES, _register_tile
 from portable_pe.cpu_schedule.small_work import SERIAL_BELOW_ITERATIONS, SerialWhenSmall
 from portable_pe.cpu_schedule.tir_util import _blocks_under, _const_int, _node, _simd_registers, _vector_lanes, _walk
@@ -313,10 +312,10 @@ def _parallel_loops(func) -> list:
     return [s for s in _walk(func.body) if _node(s) == "For" and s.kind == tirx.ForKind.PARALLEL]
 
 
-def _scheduled(mod):
+def _scheduled(mod, target=HOST):
     from portable_pe.cpu_schedule.pipeline import CPUDefaultSchedule, fusion_passes
-    with HOST:
-        return tvm.transform.Sequential([*fusion_passes(), CPUDefaultSchedule(HOST)])(mod)
+    with target:
+        return tvm.transform.Sequential([*fusion_passes(), CPUDefaultSchedule(target)])(mod)
 
 
 def test_small_nests_skip_the_thread_pool():
@@ -474,9 +473,7 @@ def test_whole_kt_tiles_are_transposed_in_registers_on_x86():
     tile: Kᵀ equals numpy's with no partial tile, with one, and under one tile."""
     from portable_pe.cpu_schedule.transpose_8x8 import KERNEL
     target = tvm.target.Target({**TARGETS["avx2"], "num-cores": 2})
-    with target:
-        scheduled = tvm.transform.Sequential([*fusion_passes(), CPUDefaultSchedule(target)])(_rotate_half_module())
-    script = _kernel_named(scheduled, "transpose").script()
+    script = _kernel_named(_scheduled(_rotate_half_module(), target), "transpose").script()
     assert script.count(f'"{KERNEL}16x64"') == 1, script
     assert "T_transpose_intermediate_global[" in script.split(KERNEL)[-1], script  # the scalar copy, kept for the tail
     vm = relax.VirtualMachine(tvm.compile(_rotate_half_module(), target=target, relax_pipeline=cpu_pipeline(target)),

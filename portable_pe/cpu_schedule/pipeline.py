@@ -49,6 +49,13 @@ _SCHEDULED_ATTR = "tirx.is_scheduled"
 # --------------------------------------------------------------------------------------
 def schedule_prim_func(func: tirx.PrimFunc, target) -> tirx.PrimFunc | None:
     """Return a scheduled copy of ``func`` or None when no rule applies."""
+    scheduled = _schedule_rules(func, target)
+    # transposed copies that transpose_tiles marked, whichever rule scheduled them
+    return whole_tiles_in_registers(scheduled) if scheduled is not None else None
+
+
+def _schedule_rules(func: tirx.PrimFunc, target) -> tirx.PrimFunc | None:
+    """The rule that fits ``func``, applied; None when none does."""
     sch = s_tir.Schedule(func)
     root = _root_block(sch)
     blocks = list(sch.get_child_blocks(root))
@@ -78,15 +85,15 @@ def schedule_prim_func(func: tirx.PrimFunc, target) -> tirx.PrimFunc | None:
         if schedule_f32_dense(sch, mm_block, epilogue, target):
             return read_rows_in_place(without_extern_zero_fills(sch.mod["main"], (F32_KERNEL,)), F32_KERNEL)
         if _schedule_matmul(sch, mm_block, epilogue, target):
-            return whole_tiles_in_registers(sch.mod["main"])  # (a transposed prologue)
+            return sch.mod["main"]
         return None
     if reductions:
         if _schedule_reduction_chain(sch, blocks, target):
-            return whole_tiles_in_registers(sch.mod["main"])
+            return sch.mod["main"]
         return None
     for blk in blocks:
         _schedule_spatial_block(sch, blk, lanes)
-    return whole_tiles_in_registers(sch.mod["main"])
+    return sch.mod["main"]
 
 
 def _lowering_error(func, target) -> Exception | None:

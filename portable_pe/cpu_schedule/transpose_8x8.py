@@ -95,7 +95,9 @@ def transpose_ir(rows: int, cols: int) -> str:
 
 
 def _flat(buffer, indices):
-    """The element offset of ``buffer[indices]`` in its row-major layout."""
+    """The element offset of ``buffer[indices]`` in its row-major layout, as a sum of
+    index x stride terms. (Buffer.offset_of nests the terms as Horner's rule does, and the
+    simplifier left the difference of two such offsets as ``(a*64 + 1)*seq - a*seq*64``.)"""
     offset, stride = tirx.const(0, "int64"), tirx.const(1, "int64")
     for index, extent in zip(reversed(list(indices)), reversed(list(buffer.shape))):
         offset = offset + tirx.Cast("int64", index) * stride
@@ -132,19 +134,20 @@ def _whole_tile_call(loop, analyzer):
         return analyzer.simplify(_substitute(_substitute(expr, bound), positions))
 
     out, tile = store.buffer, store.value.source
+    out_first, tile_first = [at(i, 0, 0) for i in store.indices], [at(i, 0, 0) for i in store.value.indices]
 
-    def step(buffer, indices, c, r):
-        return analyzer.simplify(_flat(buffer, [at(i, c, r) for i in indices]) - _flat(buffer, [at(i, 0, 0) for i in indices]))
+    def step(buffer, indices, first, c, r):  # elements from (0, 0) to (c, r): int64, as the kernel takes it
+        return analyzer.simplify(_flat(buffer, [at(i, c, r) for i in indices]) - _flat(buffer, first))
 
-    ldd, lds = step(out, store.indices, 1, 0), step(tile, store.value.indices, 0, 1)
-    if _const_int(step(out, store.indices, 0, 1)) != 1 or _const_int(step(tile, store.value.indices, 1, 0)) != 1:
+    ldd, lds = step(out, store.indices, out_first, 1, 0), step(tile, store.value.indices, tile_first, 0, 1)
+    if (_const_int(step(out, store.indices, out_first, 0, 1)) != 1
+            or _const_int(step(tile, store.value.indices, tile_first, 1, 0)) != 1):
         return None  # not a transposed copy with both buffers' rows contiguous
     whole = at(realize.predicate, 0, rows - 1)  # the tile's last position is real
     if not structural_equal(whole, at(realize.predicate, cols - 1, rows - 1)):
         return None  # the predicate is not the stored dim's tail alone
-    call = tirx.call_extern("int32", f"{KERNEL}{rows}x{cols}",
-                            tirx.address_of(tirx.BufferLoad(out, [at(i, 0, 0) for i in store.indices])), ldd,
-                            tirx.address_of(tirx.BufferLoad(tile, [at(i, 0, 0) for i in store.value.indices])), lds)
+    call = tirx.call_extern("int32", f"{KERNEL}{rows}x{cols}", tirx.address_of(tirx.BufferLoad(out, out_first)),
+                            ldd, tirx.address_of(tirx.BufferLoad(tile, tile_first)), lds)
     plain = tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, loop.body, loop.thread_binding, {})
     return tirx.AttrStmt(tirx.const(0, "int32"), "pragma_import_llvm", tvm.ir.StringImm(transpose_ir(rows, cols)),
                          tirx.IfThenElse(whole, tirx.Evaluate(call), plain))

@@ -66,7 +66,7 @@ def schedule_transpose_tiles(sch, block, lanes: int, parallel: bool = True) -> b
         raise ValueError(f"transpose_tiles: expected 2 loops in a tile, found {len(inner)}")
     sch.reorder(inner[1], inner[0])  # the `along` dim innermost, as the tile is laid out
     vectorize_in_parts(sch, inner[0], cuts, lanes)
-    if lanes >= BLOCK and _TILE % BLOCK == 0 and (_loop_extent(sch, copy_loops[along]) or 1) % BLOCK == 0:
+    if lanes >= BLOCK and _loop_extent(sch, copy_loops[along]) % BLOCK == 0:  # (`along` is static)
         # x86: whole tiles are written by transpose_8x8's kernel (whole_tiles_in_registers)
         sch.annotate(copy_loops[along], WHOLE_TILES, 1)
     if parallel and others:
