@@ -39,23 +39,70 @@ def test_entry_dispatch_matches_exact_points():
 
 
 def test_committed_databases_are_applied_by_compile(bundle_factory):
-    """Every committed database belongs to a shipped graph; compile uses it, parity holds both on
-    the tuned entry (at its exact shape) and on the dynamic main (elsewhere)."""
+    """Every committed database was rechecked on its target, entry included, and compile
+    follows each verdict: a tuned entry that beat the dynamic main is added with the
+    database's kept kernels, one that did not is left out with both timings. Parity holds at
+    the tuned point on whichever entry runs it, and elsewhere on main."""
+    from portable_pe.tune.judge import entry_verdict
     committed = [g for g in GRAPHS if tuned_points(database_dir("llvm", g))]
     assert "rope" in committed, "the default graph ships with a tuning database"
-    # a graph whose database still beats the default schedules somewhere
-    graph = next(g for g in sorted(committed) if any(p["kept_kernels"] for p in tuned_points(database_dir("llvm", g))))
-    bundle = bundle_factory(graph)
-    entries = bundle.manifest["tuning"]["specializations"]
-    kept = {(p["batch"], p["seq"]): p["kept_kernels"] for p in tuned_points(database_dir("llvm", graph))}
-    assert entries and all(e["tuned_kernels"] == kept[e["batch"], e["seq"]] for e in entries), entries
-    assert any(e["tuned_kernels"] for e in entries), entries
-    point = entries[0]
-    inputs = make_inputs(bundle.manifest["inputs"], length=point["seq"], batch=point["batch"],
-                         dim_roles=dim_roles(bundle.manifest))
-    assert entry_for(bundle.manifest, inputs) == point["function"]
-    report = check_bundle(bundle, lengths=(7, point["seq"]), batch=point["batch"])
-    assert report.ok, report.to_markdown()
+    unjudged = [(g, p["batch"], p["seq"]) for g in committed for p in tuned_points(database_dir("llvm", g))
+                if entry_verdict(p) is None]
+    assert not unjudged, f"rechecked before the entry verdict existed (portable-pe tune GRAPH --recheck): {unjudged}"
+    bundle = bundle_factory("rope")
+    tuning = bundle.manifest["tuning"]
+    assert tuning["database"] == "targets/tuning/llvm/rope", tuning
+    added = {(e["batch"], e["seq"]): e for e in tuning["specializations"]}
+    left_out = {(e["batch"], e["seq"]): e for e in tuning.get("left_out", [])}
+    for point in tuned_points(database_dir("llvm", "rope")):
+        key, verdict = (point["batch"], point["seq"]), entry_verdict(point)
+        if verdict["kept"]:
+            assert key in added and added[key]["tuned_kernels"] == point["kept_kernels"], tuning
+        else:
+            assert key not in added and left_out[key]["main_ms"] == verdict["main_ms"], tuning
+        inputs = make_inputs(bundle.manifest["inputs"], length=point["seq"], batch=point["batch"],
+                             dim_roles=dim_roles(bundle.manifest))
+        assert entry_for(bundle.manifest, inputs) == (added[key]["function"] if key in added else "main")
+        report = check_bundle(bundle, lengths=(7, point["seq"]), batch=point["batch"])
+        assert report.ok, report.to_markdown()
+
+
+def _fake_database(root, graph: str, point: dict, verdict: dict):
+    """An empty database for `graph` whose one tuned point carries `verdict` on its entry."""
+    import json
+    from tvm.s_tir import meta_schedule as ms
+    db_dir = root / "llvm" / graph
+    db_dir.mkdir(parents=True)
+    ms.database.JSONDatabase(work_dir=str(db_dir), allow_missing=True)  # writes its two empty files
+    saved = {**point, "trials_per_task": 0, "tasks": 0, "only": None, "seconds": 0.0, "target": "llvm",
+             "kept_kernels": 0, "kernels": [], "entry": verdict}
+    (db_dir / "tuned.json").write_text(json.dumps({"graph": graph, "points": [saved]}))
+
+
+@pytest.mark.parametrize("kept", [True, False])
+def test_a_tuned_entry_is_added_only_where_it_beat_main(tmp_path, monkeypatch, kept):
+    """The recheck's verdict on the entry decides: kept, the bundle has main_b1_t8 and the
+    point's inputs run it; not kept, the log and the manifest say why it was left out and
+    the point runs main."""
+    from portable_pe.compile.pipeline import compile_graph
+    monkeypatch.setenv("PORTABLE_PE_TUNING_DIR", str(tmp_path / "db"))
+    point = {"batch": 1, "seq": 8}
+    verdict = {"function": "main_b1_t8", "tuned_ms": 0.5 if kept else 0.7, "main_ms": 0.6, "kept": kept}
+    _fake_database(tmp_path / "db", "tiny_rope", point, verdict)
+    lines = []
+    bundle = compile_graph(str(TINY_SPEC), out=tmp_path / "b", log=lines.append)
+    log, tuning = "\n".join(lines), bundle.manifest["tuning"]
+    inputs = make_inputs(bundle.manifest["inputs"], length=8, batch=1, dim_roles=dim_roles(bundle.manifest))
+    if kept:
+        assert [e["function"] for e in tuning["specializations"]] == ["main_b1_t8"], tuning
+        assert "left_out" not in tuning and "main_b1_t8: 0 tuned kernel(s)" in log, log
+        assert entry_for(bundle.manifest, inputs) == "main_b1_t8"
+    else:
+        assert tuning["specializations"] == [] and tuning["left_out"] == [{**point, **verdict}], tuning
+        assert ("main_b1_t8 left out: the dynamic main ran batch=1 seq=8 in 0.600 ms, "
+                "the tuned entry in 0.700 ms (tune --recheck)") in log, log
+        assert entry_for(bundle.manifest, inputs) == "main"
+    assert check_bundle(bundle, lengths=(5, 8)).ok
 
 
 def test_no_tuning_builds_without_the_database(tmp_path):
@@ -90,11 +137,15 @@ def test_tune_then_compile_uses_every_tuned_kernel(tmp_path, monkeypatch):
     result = tune_graph(str(TINY_SPEC), seq=8, trials=2, only="rope", log=lambda m: None)
     assert result.tasks > 0 and (result.db_dir / "database_tuning_record.json").stat().st_size > 0
     bundle = compile_graph(str(TINY_SPEC), out=tmp_path / "b", log=lambda m: None)
-    (entry,) = bundle.manifest["tuning"]["specializations"]
     (point,) = tuned_points(result.db_dir)
-    # tuning ends with the recheck: every tuned kernel was judged, the winners stay
+    # tuning ends with the recheck: every tuned kernel was judged, the winners stay, and the
+    # entry holding them was timed against main, which decides whether compile adds it
     assert len([v for v in point["kernels"] if v["tuned_ms"] is not None]) == result.tasks
-    assert entry["function"] == "main_b1_t8" and entry["tuned_kernels"] == point["kept_kernels"]
+    entries = bundle.manifest["tuning"]["specializations"]
+    if point["entry"]["kept"]:
+        assert [(e["function"], e["tuned_kernels"]) for e in entries] == [("main_b1_t8", point["kept_kernels"])]
+    else:
+        assert entries == [] and bundle.manifest["tuning"]["left_out"][0]["function"] == "main_b1_t8"
     assert check_bundle(bundle, lengths=(5, 8)).ok
 
 
@@ -120,6 +171,10 @@ def test_recheck_keeps_exactly_the_kernels_that_beat_the_default(tmp_path, monke
     assert all(v["tuned_ms"] < v["default_ms"] * (1 - KEEP_MARGIN) for v in verdicts if v["kept"])
     (resaved,) = tuned_points(tmp_path / "llvm" / "rope")
     assert resaved["kernels"] == verdicts and resaved["kept_kernels"] == len(after)
+    # and the entry with those kernels against the dynamic main, same margin
+    whole = resaved["entry"]
+    assert whole["function"] == specialized_name(point) and whole["tuned_ms"] > 0 and whole["main_ms"] > 0
+    assert whole["kept"] == (whole["tuned_ms"] < whole["main_ms"] * (1 - KEEP_MARGIN)), whole
 
 
 def test_tune_refuses_what_it_cannot_do():

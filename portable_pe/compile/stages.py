@@ -204,8 +204,10 @@ def stage_import(st: CompileState) -> Added:
 
 
 def stage_tuning(st: CompileState) -> Added | None:
-    """With a tuning database for this graph and target: one static entry per tuned point."""
+    """With a tuning database for this graph and target: one static entry per tuned point,
+    except the points whose recheck found the dynamic main as fast (tune/judge.py)."""
     from ..tune.database import database_digest, database_dir_of, specialize, specialized_name, tuned_points
+    from ..tune.judge import entry_verdict
     db_dir = database_dir_of(st)
     points = tuned_points(db_dir)
     if not (st.request.use_tuning and points and st.io.get("dims")) or st.request.precision != "fp32":
@@ -216,11 +218,20 @@ def stage_tuning(st: CompileState) -> Added | None:
     tuning = {"database": (db_dir.relative_to(ROOT) if db_dir.is_relative_to(ROOT) else db_dir).as_posix(),
               "digest": database_digest(db_dir), "specializations": []}
     relax = st.relax
-    for point in points:
-        point = {"batch": point["batch"], "seq": point["seq"]}
-        if all(info["min"] <= point[info["role"]] <= info["max"] for info in st.io["dims"].values()):
-            relax = specialize(relax, dims=st.io["dims"], point=point)
-            tuning["specializations"].append({"function": specialized_name(point), **point})
+    for saved in points:
+        point = {"batch": saved["batch"], "seq": saved["seq"]}
+        if not all(info["min"] <= point[info["role"]] <= info["max"] for info in st.io["dims"].values()):
+            continue
+        verdict = entry_verdict(saved)
+        if verdict is not None and not verdict["kept"]:
+            # the recheck ran this entry against main on this target: main was as fast
+            st.log(f"  {specialized_name(point)} left out: the dynamic main ran batch={point['batch']} "
+                   f"seq={point['seq']} in {verdict['main_ms']:.3f} ms, the tuned entry in "
+                   f"{verdict['tuned_ms']:.3f} ms (tune --recheck)")
+            tuning.setdefault("left_out", []).append({**point, **verdict})
+            continue
+        relax = specialize(relax, dims=st.io["dims"], point=point)
+        tuning["specializations"].append({"function": specialized_name(point), **point})
     return Added(relax=relax, tuning=tuning)
 
 

@@ -2,9 +2,9 @@
 
 MetaSchedule measures static shapes only, so a graph is tuned at fixed (batch, seq)
 points. A compile that finds a database adds one specialized copy of `main` per tuned
-point (`main_b1_t128`, ...) whose kernels come from the database; `main` keeps its
-dynamic shapes and the default schedules, and the runtime picks the specialized entry
-when the inputs match it exactly.
+point (`main_b1_t128`, ...) whose kernels come from the database, unless the recheck
+found `main` as fast there (judge.py); `main` keeps its dynamic shapes and the default
+schedules, and the runtime picks the specialized entry when the inputs match it exactly.
 
     targets/tuning/<target>/<graph>/database_workload.json
                                     database_tuning_record.json
@@ -215,8 +215,9 @@ def recheck(st, point: dict, *, runs: int = 30, log: Callable[[str], None] = pri
     keep only the winners in the database (tune_judge.py); records the verdicts in tuned.json."""
     from ..threads import DEFAULT_THREADS, set_threads
     from ..run.parity import dim_roles, make_inputs
-    from .judge import judge, prune_database
-    set_threads(DEFAULT_THREADS)  # judged under the threads and pool settings `bench` uses
+    from .judge import judge, judge_entry, prune_database
+    # judged under the threads and pool settings `bench` uses by default (pools spinning)
+    set_threads(DEFAULT_THREADS, passive=False)
     db_dir = database_dir_of(st)
     entry = next((p for p in tuned_points(db_dir) if (p["batch"], p["seq"]) == (point["batch"], point["seq"])), None)
     if entry is None:
@@ -235,9 +236,15 @@ def recheck(st, point: dict, *, runs: int = 30, log: Callable[[str], None] = pri
             log(f"  {v['kernel'][:56]:<56} default {v['default_ms']:8.3f} ms  tuned {v['tuned_ms']:8.3f} ms  "
                 f"{'kept' if v['kept'] else 'dropped'}")
     kept = prune_database(db_dir, kernels_of(fused), verdicts)
-    _save_point(db_dir, st.name, {**entry, "kept_kernels": kept, "kernels": verdicts})
     log(f"  {kept} tuned kernel(s) kept, {sum(v['tuned_ms'] is not None for v in verdicts) - kept} dropped "
         f"(the default schedule was faster)")
+    # the entry with the kernels kept, against the dynamic main on the same inputs
+    both = specialize(st.relax, dims=st.io["dims"], point=point)
+    whole = judge_entry(both, specialized_name(point), st.tvm_target, backend.relax_pipeline(st.tvm_target),
+                        open_database(db_dir), [values[i["name"]] for i in st.io["inputs"]], runs=runs)
+    log(f"  entry {whole['function']} {whole['tuned_ms']:.3f} ms, dynamic main {whole['main_ms']:.3f} ms: "
+        f"{'compile adds the entry' if whole['kept'] else 'compile leaves the entry out (main is as fast)'}")
+    _save_point(db_dir, st.name, {**entry, "kept_kernels": kept, "kernels": verdicts, "entry": whole})
     return verdicts
 
 

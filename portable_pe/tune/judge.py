@@ -12,6 +12,15 @@ faster; the others fall back to the default schedules.
 
 The verdicts go into tuned.json beside the database, so anyone can see which kernels
 came from MetaSchedule and by how much they won or lost.
+
+A second verdict is on the specialized entry as a whole, against the dynamic `main` the
+same inputs run without it. The static copy does not only swap in tuned kernels: with
+every shape a constant it takes other forms and schedules (TOPI's reshapes instead of
+head_reshapes' fusable ones, static extents that the small-work rules serialize), and
+the CPU schedules are written and measured on the symbolic forms. At B=1 T=128 the alibi
+and learned entries kept one tuned layer norm or none and ran ~3% slower than `main`
+(a split and two head copies: 0.39 ms per run where `main` has 0.09). So a compile adds
+the entry only where it beat `main` in the recheck (entry_verdict).
 """
 
 from __future__ import annotations
@@ -134,3 +143,35 @@ def prune_database(db_dir: Path, funcs: dict, verdicts: list[dict]) -> int:
         for name in DB_FILES:
             shutil.move(str(Path(tmp) / name), str(db_dir / name))
     return sum(1 for v in verdicts if v["kept"])
+
+
+def judge_entry(mod, entry: str, target, pipeline, database, inputs: list[np.ndarray], *, runs: int = 30) -> dict:
+    """Median ms per run of the specialized `entry` (with the database's kernels) and of the
+    dynamic `main` on the same inputs: one build holding both, as a compile makes it, run
+    in turn so drift lands on both. kept: the entry is faster by more than KEEP_MARGIN."""
+    import tvm
+    from tvm import relax
+    from ..cpu_schedule.work_claims import cpu_tir_pipeline
+    with database:
+        exe = tvm.compile(mod, target=target, relax_pipeline=pipeline, tir_pipeline=cpu_tir_pipeline(target))
+    device = tvm.cpu()
+    args = [tvm.runtime.tensor(np.ascontiguousarray(a), device=device) for a in inputs]
+    vm = relax.VirtualMachine(exe, device)
+    samples: dict[str, list[float]] = {entry: [], "main": []}
+    for name in samples:
+        for _ in range(3):
+            vm[name](*args)
+    for i in range(runs):
+        for name in (entry, "main") if i % 2 == 0 else ("main", entry):
+            start = time.perf_counter()
+            vm[name](*args)
+            samples[name].append(time.perf_counter() - start)
+    tuned_ms, main_ms = (1000 * float(np.median(samples[name])) for name in (entry, "main"))
+    return {"function": entry, "tuned_ms": round(tuned_ms, 4), "main_ms": round(main_ms, 4),
+            "kept": bool(tuned_ms < main_ms * (1 - KEEP_MARGIN))}
+
+
+def entry_verdict(point: dict) -> dict | None:
+    """The recheck's verdict on a tuned point's entry (judge_entry), None where the point was
+    never compared with `main` (tuned before the comparison existed, or on a board)."""
+    return point.get("entry")
