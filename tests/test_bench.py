@@ -3,13 +3,14 @@ No timing assertions: these machines are shared and timings mean nothing here.""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 
 import numpy as np
 import pytest
 
-from conftest import TINY_SPEC, assert_parity, load_script
+from conftest import TINY_SPEC, assert_parity, fake_tuning_database, load_script
 from portable_pe.bench import graph as bench
 from portable_pe.bench.graph import ENGINES, NO_TUNING, Settings, bench_graph, time_in_blocks
 from portable_pe.bench.engines import INT8_ENGINES
@@ -52,6 +53,22 @@ def _assert_well_formed(result, *, tuned: bool):
         assert cell.ratio_vs_peer is not None
     peers = {c.engine: c.ratio_vs_peer for c in result.cells if c.engine in ("onnxruntime", "onnxruntime-int8")}
     assert peers == {"onnxruntime": 1.0, "onnxruntime-int8": 1.0}
+
+
+def test_the_tuned_column_says_why_when_the_compile_would_leave_every_entry_out(tiny_bundle, tmp_path, monkeypatch):
+    """A database whose recheck found main as fast at every tuned point: a tuned compile
+    would build what the "tvm" column runs, so the bench compiles none and says so."""
+    from portable_pe.bench.engines import NO_TUNED_ENTRY
+    monkeypatch.setenv("PORTABLE_PE_TUNING_DIR", str(tmp_path / "db"))
+    fake_tuning_database(tmp_path / "db", "tiny_rope", {"batch": 1, "seq": 8},
+                         {"function": "main_b1_t8", "tuned_ms": 0.7, "main_ms": 0.6, "kept": False})
+    lines = []
+    result = bench_graph(str(TINY_SPEC), settings=dataclasses.replace(TINY, engines=("tvm", "tvm-tuned")),
+                         bundle=tiny_bundle.path, out=tmp_path / "out", log=lines.append)
+    cells = {c.engine: c for c in result.cells}
+    assert cells["tvm-tuned"].error == NO_TUNED_ENTRY and cells["tvm-tuned"].median_ms is None
+    assert not cells["tvm"].error and cells["tvm"].median_ms > 0
+    assert not (tmp_path / "out" / "llvm-tuned").exists() and not any("compil" in line for line in lines), lines
 
 
 def test_bench_graph_runs_every_engine_on_one_tiny_cell(tiny_bundle, tiny_int8_bundle, tmp_path, eager_compile):

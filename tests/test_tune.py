@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import TINY_SPEC
+from conftest import TINY_SPEC, fake_tuning_database
 from portable_pe.spec.graphs import GRAPHS
 from portable_pe.run.parity import check_bundle, dim_roles, make_inputs
 from portable_pe.run.local import entry_for
@@ -67,18 +67,6 @@ def test_committed_databases_are_applied_by_compile(bundle_factory):
         assert report.ok, report.to_markdown()
 
 
-def _fake_database(root, graph: str, point: dict, verdict: dict):
-    """An empty database for `graph` whose one tuned point carries `verdict` on its entry."""
-    import json
-    from tvm.s_tir import meta_schedule as ms
-    db_dir = root / "llvm" / graph
-    db_dir.mkdir(parents=True)
-    ms.database.JSONDatabase(work_dir=str(db_dir), allow_missing=True)  # writes its two empty files
-    saved = {**point, "trials_per_task": 0, "tasks": 0, "only": None, "seconds": 0.0, "target": "llvm",
-             "kept_kernels": 0, "kernels": [], "entry": verdict}
-    (db_dir / "tuned.json").write_text(json.dumps({"graph": graph, "points": [saved]}))
-
-
 @pytest.mark.parametrize("kept", [True, False])
 def test_a_tuned_entry_is_added_only_where_it_beat_main(tmp_path, monkeypatch, kept):
     """The recheck's verdict on the entry decides: kept, the bundle has main_b1_t8 and the
@@ -88,7 +76,7 @@ def test_a_tuned_entry_is_added_only_where_it_beat_main(tmp_path, monkeypatch, k
     monkeypatch.setenv("PORTABLE_PE_TUNING_DIR", str(tmp_path / "db"))
     point = {"batch": 1, "seq": 8}
     verdict = {"function": "main_b1_t8", "tuned_ms": 0.5 if kept else 0.7, "main_ms": 0.6, "kept": kept}
-    _fake_database(tmp_path / "db", "tiny_rope", point, verdict)
+    fake_tuning_database(tmp_path / "db", "tiny_rope", point, verdict)
     lines = []
     bundle = compile_graph(str(TINY_SPEC), out=tmp_path / "b", log=lines.append)
     log, tuning = "\n".join(lines), bundle.manifest["tuning"]

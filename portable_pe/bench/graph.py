@@ -24,11 +24,12 @@ from typing import Callable
 
 import numpy as np
 
-from .engines import ENGINES, NO_INT8, NO_TUNING, PEERS, POOLS, precision_of
+from .engines import ENGINES, NO_INT8, NO_TUNED_ENTRY, NO_TUNING, PEERS, POOLS, precision_of
 from .report import BenchResult, Cell
 from ..run.parity import TOLERANCES, compare, dim_roles, make_inputs, torch_reference, usable_lengths
 from ..threads import DEFAULT_THREADS, set_threads
 from ..tune.database import database_dir, tuned_points
+from ..tune.judge import entry_verdict
 
 PEER = PEERS["fp32"]
 
@@ -131,7 +132,8 @@ def bench_graph(graph: str, *, settings: Settings = Settings(), tuned: str | Pat
     `bundle`: an untuned llvm bundle of the graph to reuse (default: compile one into `out`,
     ignoring any tuning database).
     `tuned`: a tuned bundle folder for the "tvm-tuned" column (default: compile one when the
-    graph has a tuning database under targets/tuning/llvm/, else the column reads n/a).
+    graph has a tuning database under targets/tuning/llvm/ with an entry the compile adds;
+    else the column reads n/a and says which of the two is missing).
     `int8_bundle`: an llvm --precision int8 bundle for the int8 engines (default: compile
     one when an int8 engine is asked for).
     `bf16_bundle`: an llvm --precision bf16 bundle for "tvm-bf16" (default: compile one when
@@ -147,7 +149,11 @@ def bench_graph(graph: str, *, settings: Settings = Settings(), tuned: str | Pat
     out = Path(out) if out else None
     threads = set_threads(settings.threads, passive=settings.pool == "passive")
     bundle = load_bundle(bundle) if bundle else _compile(graph, out, "llvm", log, tuning=False)
-    if tuned is None and tuned_points(database_dir("llvm", bundle.name)) and "tvm-tuned" in settings.engines:
+    points = tuned_points(database_dir("llvm", bundle.name))
+    tuned_missing = NO_TUNING
+    if tuned is None and points and all(entry_verdict(p) is not None and not entry_verdict(p)["kept"] for p in points):
+        tuned_missing = NO_TUNED_ENTRY  # no compile: it would leave every entry out
+    elif tuned is None and points and "tvm-tuned" in settings.engines:
         tuned = _compile(graph, out, "llvm-tuned", log).path
     tuned_bundle = load_bundle(tuned) if tuned else None
     wants_int8 = any(precision_of(e) == "int8" for e in settings.engines)
@@ -179,10 +185,11 @@ def bench_graph(graph: str, *, settings: Settings = Settings(), tuned: str | Pat
     log(f"bench {bundle.name}: B={list(settings.batches)} T={list(settings.lengths)}, threads {threads}, "
         f"pools {settings.pool}, alternating blocks, >= {settings.repeat} runs and >= {settings.min_time_s:g} s "
         f"per cell (cap {settings.max_time_s:g} s), {settings.warmup} warm-up, seed {settings.seed}; "
-        f"tuned: {tuned_bundle.path if tuned_bundle else NO_TUNING}; int8: {int8.path if int8 else NO_INT8}; "
+        f"tuned: {tuned_bundle.path if tuned_bundle else tuned_missing}; int8: {int8.path if int8 else NO_INT8}; "
         f"load average {env['load_average']}")
 
-    ctx = {"bundle": bundle, "tuned": tuned_bundle, "int8": int8, "bf16": bf16, "bf16_missing": bf16_missing,
+    ctx = {"bundle": bundle, "tuned": tuned_bundle, "tuned_missing": tuned_missing, "int8": int8, "bf16": bf16,
+           "bf16_missing": bf16_missing,
            "threads": settings.threads, "pool": settings.pool}
     engines, broken = {}, {}
     for name, make in ENGINES.items():
