@@ -29,7 +29,7 @@ from .report import BenchResult, Cell
 from ..run.parity import TOLERANCES, compare, dim_roles, make_inputs, torch_reference, usable_lengths
 from ..threads import DEFAULT_THREADS, set_threads
 from ..tune.database import database_dir, tuned_points
-from ..tune.judge import entry_verdict
+from ..tune.judge import adds_entry
 
 PEER = PEERS["fp32"]
 
@@ -151,7 +151,7 @@ def bench_graph(graph: str, *, settings: Settings = Settings(), tuned: str | Pat
     bundle = load_bundle(bundle) if bundle else _compile(graph, out, "llvm", log, tuning=False)
     points = tuned_points(database_dir("llvm", bundle.name))
     tuned_missing = NO_TUNING
-    if tuned is None and points and all(entry_verdict(p) is not None and not entry_verdict(p)["kept"] for p in points):
+    if tuned is None and points and not any(adds_entry(p) for p in points):
         tuned_missing = NO_TUNED_ENTRY  # no compile: it would leave every entry out
     elif tuned is None and points and "tvm-tuned" in settings.engines:
         tuned = _compile(graph, out, "llvm-tuned", log).path

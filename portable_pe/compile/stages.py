@@ -207,7 +207,7 @@ def stage_tuning(st: CompileState) -> Added | None:
     """With a tuning database for this graph and target: one static entry per tuned point,
     except the points whose recheck found the dynamic main as fast (tune/judge.py)."""
     from ..tune.database import database_digest, database_dir_of, specialize, specialized_name, tuned_points
-    from ..tune.judge import entry_verdict
+    from ..tune.judge import adds_entry, entry_verdict
     db_dir = database_dir_of(st)
     points = tuned_points(db_dir)
     if not (st.request.use_tuning and points and st.io.get("dims")) or st.request.precision != "fp32":
@@ -222,9 +222,9 @@ def stage_tuning(st: CompileState) -> Added | None:
         point = {"batch": saved["batch"], "seq": saved["seq"]}
         if not all(info["min"] <= point[info["role"]] <= info["max"] for info in st.io["dims"].values()):
             continue
-        verdict = entry_verdict(saved)
-        if verdict is not None and not verdict["kept"]:
+        if not adds_entry(saved):
             # the recheck ran this entry against main on this target: main was as fast
+            verdict = entry_verdict(saved)
             st.log(f"  {specialized_name(point)} left out: the dynamic main ran batch={point['batch']} "
                    f"seq={point['seq']} in {verdict['main_ms']:.3f} ms, the tuned entry in "
                    f"{verdict['tuned_ms']:.3f} ms (tune --recheck)")

@@ -222,15 +222,17 @@ def recheck(st, point: dict, *, runs: int = 30, log: Callable[[str], None] = pri
     entry = next((p for p in tuned_points(db_dir) if (p["batch"], p["seq"]) == (point["batch"], point["seq"])), None)
     if entry is None:
         raise ValueError(f"{db_dir} has no tuned point at batch={point['batch']} seq={point['seq']}")
-    static = as_main(specialize(st.relax, dims=st.io["dims"], point=point), specialized_name(point))
+    both = specialize(st.relax, dims=st.io["dims"], point=point)  # main and the point's entry
+    static = as_main(both, specialized_name(point))
     values = make_inputs(st.io["inputs"], length=point["seq"], batch=point["batch"],
                          dim_roles=dim_roles({"dims": st.io["dims"]}))
+    inputs = [values[i["name"]] for i in st.io["inputs"]]
     log(f"comparing tuned kernels with the default schedules at batch={point['batch']} seq={point['seq']} "
         f"({runs} interleaved runs of each build)")
     backend = get_backend(st.target.backend)
+    pipeline = backend.relax_pipeline(st.tvm_target)
     fused = fused_module(static, st.tvm_target, backend=backend)
-    verdicts = judge(static, fused, st.tvm_target, backend.relax_pipeline(st.tvm_target),
-                     open_database(db_dir), [values[i["name"]] for i in st.io["inputs"]], runs=runs)
+    verdicts = judge(static, fused, st.tvm_target, pipeline, open_database(db_dir), inputs, runs=runs)
     for v in verdicts:
         if v["tuned_ms"] is not None:
             log(f"  {v['kernel'][:56]:<56} default {v['default_ms']:8.3f} ms  tuned {v['tuned_ms']:8.3f} ms  "
@@ -239,9 +241,8 @@ def recheck(st, point: dict, *, runs: int = 30, log: Callable[[str], None] = pri
     log(f"  {kept} tuned kernel(s) kept, {sum(v['tuned_ms'] is not None for v in verdicts) - kept} dropped "
         f"(the default schedule was faster)")
     # the entry with the kernels kept, against the dynamic main on the same inputs
-    both = specialize(st.relax, dims=st.io["dims"], point=point)
-    whole = judge_entry(both, specialized_name(point), st.tvm_target, backend.relax_pipeline(st.tvm_target),
-                        open_database(db_dir), [values[i["name"]] for i in st.io["inputs"]], runs=runs)
+    whole = judge_entry(both, specialized_name(point), st.tvm_target, pipeline, open_database(db_dir), inputs,
+                        runs=runs)
     log(f"  entry {whole['function']} {whole['tuned_ms']:.3f} ms, dynamic main {whole['main_ms']:.3f} ms: "
         f"{'compile adds the entry' if whole['kept'] else 'compile leaves the entry out (main is as fast)'}")
     _save_point(db_dir, st.name, {**entry, "kept_kernels": kept, "kernels": verdicts, "entry": whole})

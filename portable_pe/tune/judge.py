@@ -25,6 +25,7 @@ beat `main` in the recheck (entry_verdict).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
@@ -81,21 +82,9 @@ def timed_kernel_calls(vm, entry: str, args) -> list[tuple[str, float]]:
 def judge(static_mod, fused, target, pipeline, database, inputs: list[np.ndarray], *, runs: int = 30) -> list[dict]:
     """Per kernel of `fused` (static_mod after the fusion passes): median ms per run with the
     default schedule and with the database."""
-    import tvm
-    from tvm import relax
     from .database import kernels_of, workload
-    from ..cpu_schedule.work_claims import cpu_tir_pipeline
-    # the TIR pipeline the bundle is built with (backend._build), so the default's times are the shipped ones
-    tir_pipeline = cpu_tir_pipeline(target)
-    default_exe = tvm.compile(static_mod, target=target, relax_pipeline=pipeline, tir_pipeline=tir_pipeline)
-    with database:
-        tuned_exe = tvm.compile(static_mod, target=target, relax_pipeline=pipeline, tir_pipeline=tir_pipeline)
-    device = tvm.cpu()
-    args = [tvm.runtime.tensor(np.ascontiguousarray(a), device=device) for a in inputs]
-    vms = {"default": relax.VirtualMachine(default_exe, device), "tuned": relax.VirtualMachine(tuned_exe, device)}
-    for vm in vms.values():
-        for _ in range(3):
-            vm["main"](*args)
+    vms = {"default": _loaded(static_mod, target, pipeline), "tuned": _loaded(static_mod, target, pipeline, database)}
+    args = _warmed_up(vms.values(), ["main"], inputs)
     order = kernel_call_order(_reshapes_as_views(fused, target))
     samples: dict[str, list[list[tuple[str, float]]]] = {name: [] for name in vms}
     for _ in range(runs):  # one run each, in turn, so drift lands on both
@@ -149,18 +138,9 @@ def judge_entry(mod, entry: str, target, pipeline, database, inputs: list[np.nda
     """Median ms per run of the specialized `entry` (with the database's kernels) and of the
     dynamic `main` on the same inputs: one build holding both, as a compile makes it, run
     in turn so drift lands on both. kept: the entry is faster by more than KEEP_MARGIN."""
-    import tvm
-    from tvm import relax
-    from ..cpu_schedule.work_claims import cpu_tir_pipeline
-    with database:
-        exe = tvm.compile(mod, target=target, relax_pipeline=pipeline, tir_pipeline=cpu_tir_pipeline(target))
-    device = tvm.cpu()
-    args = [tvm.runtime.tensor(np.ascontiguousarray(a), device=device) for a in inputs]
-    vm = relax.VirtualMachine(exe, device)
+    vm = _loaded(mod, target, pipeline, database)
+    args = _warmed_up([vm], [entry, "main"], inputs)
     samples: dict[str, list[float]] = {entry: [], "main": []}
-    for name in samples:
-        for _ in range(3):
-            vm[name](*args)
     for i in range(runs):
         for name in (entry, "main") if i % 2 == 0 else ("main", entry):
             start = time.perf_counter()
@@ -175,3 +155,32 @@ def entry_verdict(point: dict) -> dict | None:
     """The recheck's verdict on a tuned point's entry (judge_entry), None where the point was
     never compared with `main` (tuned before the comparison existed, or on a board)."""
     return point.get("entry")
+
+
+def adds_entry(point: dict) -> bool:
+    """Whether a compile adds the point's specialized entry: unless the recheck found `main`
+    as fast (a point never compared keeps its entry)."""
+    verdict = entry_verdict(point)
+    return verdict is None or verdict["kept"]
+
+
+def _loaded(mod, target, pipeline, database=None):
+    """`mod` built as a bundle is (backend._build: the same TIR pipeline, so the times are the
+    shipped ones), with `database` in scope when given, in a VM on the CPU."""
+    import tvm
+    from tvm import relax
+    from ..cpu_schedule.work_claims import cpu_tir_pipeline
+    with database if database is not None else contextlib.nullcontext():
+        exe = tvm.compile(mod, target=target, relax_pipeline=pipeline, tir_pipeline=cpu_tir_pipeline(target))
+    return relax.VirtualMachine(exe, tvm.cpu())
+
+
+def _warmed_up(vms, entries: list[str], inputs: list[np.ndarray]) -> list:
+    """`inputs` as device tensors, after three runs of each entry of each VM."""
+    import tvm
+    args = [tvm.runtime.tensor(np.ascontiguousarray(a), device=tvm.cpu()) for a in inputs]
+    for vm in vms:
+        for name in entries:
+            for _ in range(3):
+                vm[name](*args)
+    return args
