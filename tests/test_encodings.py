@@ -120,14 +120,18 @@ def test_t5_buckets_match_scalar_rule(num_buckets, max_distance):
     assert not mismatches, f"(relative, got, expected): {mismatches[:10]}"
 
 
-def test_t5_bias_is_bucket_lookup_per_head():
+@pytest.mark.parametrize("positions", [torch.arange(6) + 2, torch.tensor([0, 3, 200, 57, 1000, 39, 40, 41, -5, 80])],
+                         ids=["consecutive", "scattered"])
+def test_t5_bias_is_bucket_lookup_per_head(positions):
+    """Per pair, the head's table entry at the scalar rule's bucket: scattered positions
+    reach distances far past max_distance, where the bias reads a table per clamped distance."""
     enc = RelativeBias(n_heads=3, num_buckets=16, max_distance=40)
-    positions = torch.arange(6) + 2
     bias = enc.bias(positions)
-    assert bias.shape == (3, 6, 6)
-    for i in range(6):
-        for j in range(6):
-            bucket = t5_bucket_scalar(j - i, 16, 40)
+    t = len(positions)
+    assert bias.shape == (3, t, t)
+    for i in range(t):
+        for j in range(t):
+            bucket = t5_bucket_scalar(int(positions[j] - positions[i]), 16, 40)
             assert torch.equal(bias[:, i, j], enc.table.weight[bucket])
 
 

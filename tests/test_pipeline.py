@@ -20,10 +20,11 @@ from portable_pe.compile.simplify import op_counts
 TABLE_OPS = {
     "sinusoidal": {"Sin": 1, "Cos": 1},
     "learned": {"Gather": 1},
-    "t5_bias": {"Log": 1, "Gather": 1},
+    # the bias per relative distance is a constant; only the clamp and the gather run
+    "t5_bias": {"Log": 0, "Clip": 1, "Gather": 1},
     "rope": {"Sin": 1, "Cos": 1},
     "alibi": {"Abs": 1},
-    "hybrid": {"Sin": 1, "Cos": 1, "Log": 1},
+    "hybrid": {"Sin": 1, "Cos": 1, "Log": 0, "Clip": 1},
     "none": {},
     # grid encodings (graphs/vision/): their tables once per graph; learned_2d's positions
     # matter only through the grid's shape, so no CumSum of them is left after simplify

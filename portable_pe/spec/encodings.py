@@ -90,11 +90,20 @@ class RelativeBias(PositionEncoding):
             raise ValueError(f"t5_bias max_distance must exceed num_buckets/4, got {max_distance}")
         self.num_buckets, self.max_distance = num_buckets, max_distance
         self.table = nn.Embedding(num_buckets, n_heads)
+        # The bucket of each relative distance in -max_distance..max_distance; past those the
+        # rule's buckets no longer change (its log-spaced buckets end at max_distance).
+        within = torch.arange(-max_distance, max_distance + 1)
+        self.register_buffer("distance_buckets", t5_relative_buckets(within, num_buckets=num_buckets,
+                                                                     max_distance=max_distance), persistent=False)
 
     def bias(self, positions):
+        # A (H, 2 * max_distance + 1) bias per relative distance, gathered at each pair's
+        # clamped distance. Bucketing the (T, T) distances themselves took a float log per
+        # pair at run time, and the lookup's (T, T, H) a transpose: 6% of t5_bias at B=1 T=512.
+        per_distance = self.table(self.distance_buckets).t()  # (H, 2 * max_distance + 1)
         relative = positions[None, :] - positions[:, None]  # (T, T): key - query
-        buckets = t5_relative_buckets(relative, num_buckets=self.num_buckets, max_distance=self.max_distance)
-        return self.table(buckets).permute(2, 0, 1)  # (H, T, T)
+        index = relative.clamp(-self.max_distance, self.max_distance) + self.max_distance
+        return per_distance[:, index]  # (H, T, T)
 
 
 def alibi_slopes(n_heads: int) -> list[float]:
