@@ -237,7 +237,8 @@ def test_a_table_broadcast_over_the_batch_is_computed_once_not_per_batch_item():
     sines were computed B times (sinusoidal bf16 B8 T128: 0.46 ms, 5% of the graph)."""
     (func,) = [f for f in _scheduled(SinTableAddedToEveryBatchItem).functions.values() if isinstance(f, tirx.PrimFunc)]
     stores = [s for s in _walk(func.body) if _node(s) == "BufferStore"]
-    with_sin = [s for s in stores if "T.sin(" in str(s.value)]
+    # the sine as fast_trig's polynomial (its range reduction rounds x·2/π), or T.sin unrewritten
+    with_sin = [s for s in stores if "T.sin(" in str(s.value) or "T.nearbyint(" in str(s.value)]
     assert len(with_sin) == 1 and len(with_sin[0].indices) == 2, func.script()  # over [seq, 64] only
     vm = relax.VirtualMachine(tvm.compile(SinTableAddedToEveryBatchItem, target=HOST, relax_pipeline=cpu_pipeline(HOST)),
                               tvm.cpu())

@@ -1,5 +1,5 @@
 """Relax-level fast math: ``CPUFastMath`` rewrites float32 gelu/softmax/exp/erf/tanh/sigmoid
-to TOPI's vectorizable approximations, and a division by a constant scalar to a
+to TOPI's vectorizable approximations, sin and cos to fast_trig's, and a division by a constant scalar to a
 multiplication by its reciprocal (applied before legalization)."""
 
 from __future__ import annotations
@@ -145,6 +145,10 @@ class _FastMathMutator(relax.PyExprMutator):  # pylint: disable=abstract-method
             return self.builder_.call_te(_fast_sigmoid_te, call.args[0], primfunc_name_hint="fast_sigmoid")
         if name == "relax.tanh":
             return self.builder_.call_te(topi.fast_tanh, call.args[0], primfunc_name_hint="fast_tanh")
+        if name in ("relax.sin", "relax.cos"):
+            from .fast_trig import fast_cos_te, fast_sin_te
+            return self.builder_.call_te(fast_sin_te if name == "relax.sin" else fast_cos_te, call.args[0],
+                                         primfunc_name_hint=f"fast_{name[6:]}")
         if name == "relax.divide":
             return _times_reciprocal(call)
         return call
@@ -170,7 +174,7 @@ def _times_reciprocal(call):
 
 @tvm.transform.module_pass(opt_level=0, name="CPUFastMath")
 class CPUFastMath:  # pylint: disable=too-few-public-methods
-    """Rewrite float32 gelu/softmax/exp/erf/tanh/sigmoid to vectorizable approximations and
+    """Rewrite float32 gelu/softmax/exp/erf/tanh/sigmoid/sin/cos to vectorizable approximations and
     x / constant to x · (1/constant). `bf16`: a --precision bf16 build (_bf16_erf)."""
 
     def __init__(self, bf16: bool = False):
