@@ -1,6 +1,6 @@
 """Relax-level fast math: ``CPUFastMath`` rewrites float32 gelu/softmax/exp/erf/tanh/sigmoid
-to TOPI's vectorizable approximations, sin and cos to fast_trig's, and a division by a constant scalar to a
-multiplication by its reciprocal (applied before legalization)."""
+to TOPI's vectorizable approximations, sin and cos to fast_trig's, and a division by a
+constant scalar to a multiplication by its reciprocal (applied before legalization)."""
 
 from __future__ import annotations
 
@@ -174,8 +174,8 @@ def _times_reciprocal(call):
 
 @tvm.transform.module_pass(opt_level=0, name="CPUFastMath")
 class CPUFastMath:  # pylint: disable=too-few-public-methods
-    """Rewrite float32 gelu/softmax/exp/erf/tanh/sigmoid/sin/cos to vectorizable approximations and
-    x / constant to x · (1/constant). `bf16`: a --precision bf16 build (_bf16_erf)."""
+    """Rewrite float32 gelu/softmax/exp/erf/tanh/sigmoid/sin/cos to vectorizable
+    approximations and x / constant to x · (1/constant). `bf16`: a --precision bf16 build (_bf16_erf)."""
 
     def __init__(self, bf16: bool = False):
         self.bf16 = bf16
