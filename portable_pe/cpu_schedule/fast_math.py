@@ -12,6 +12,7 @@ from tvm import relax
 from tvm.ir import IRModule
 
 from .relax_util import _mutate_relax_functions, constant_array
+from .tir_util import horner_f32
 
 _LOG2E = 1.4426950408889634
 # ln 2 in two parts (Cody-Waite): n * _LN2_HI is exact in float32 for |n| <= 127, so
@@ -74,14 +75,7 @@ def _bf16_erf(u):
     f32 = "float32"
     u = tirx.max(tirx.min(u, tirx.const(4.0, f32)), tirx.const(-4.0, f32))
     s = u * u
-
-    def horner(coefficients):
-        value = tirx.const(coefficients[-1], f32)
-        for c in coefficients[-2::-1]:
-            value = value * s + tirx.const(c, f32)
-        return value
-
-    return u * horner(_BF16_ERF_P) / horner(_BF16_ERF_Q)
+    return u * horner_f32(_BF16_ERF_P, s) / horner_f32(_BF16_ERF_Q, s)
 
 
 def _bf16_erf_te(x):

@@ -23,18 +23,12 @@ from __future__ import annotations
 
 import math
 
+from .tir_util import horner_f32
+
 #: sin r = r + r^3 (s0 + s1 r^2 + s2 r^4) on [-π/4, π/4] (Cephes sinf)
 _SIN = (-1.6666654611e-1, 8.3321608736e-3, -1.9515295891e-4)
 #: cos r = 1 - r^2/2 + r^4 (c0 + c1 r^2 + c2 r^4) on [-π/4, π/4] (Cephes cosf)
 _COS = (4.166664568298827e-2, -1.388731625493765e-3, 2.443315711809948e-5)
-
-
-def _horner(coefficients, s):
-    from tvm import tirx
-    value = tirx.const(coefficients[-1], "float32")
-    for c in coefficients[-2::-1]:
-        value = value * s + tirx.const(c, "float32")
-    return value
 
 
 def fast_sin(x, *, cosine: bool = False):
@@ -46,8 +40,8 @@ def fast_sin(x, *, cosine: bool = False):
     k = tirx.nearbyint(xd * tirx.const(2.0 / math.pi, f64))
     r = tirx.Cast(f32, xd - k * tirx.const(math.pi / 2.0, f64))
     s = r * r
-    sin_r = r + r * s * _horner(_SIN, s)
-    cos_r = tirx.const(1.0, f32) - tirx.const(0.5, f32) * s + s * s * _horner(_COS, s)
+    sin_r = r + r * s * horner_f32(_SIN, s)
+    cos_r = tirx.const(1.0, f32) - tirx.const(0.5, f32) * s + s * s * horner_f32(_COS, s)
     quadrant = k + tirx.const(1.0 if cosine else 0.0, f64)
     quadrant = quadrant - tirx.const(4.0, f64) * tirx.floor(quadrant * tirx.const(0.25, f64))  # 0, 1, 2 or 3
     # compared as float32 (exact for 0..3): float64 masks would be repacked for each select

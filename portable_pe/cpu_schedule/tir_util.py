@@ -210,3 +210,12 @@ def each_prim_func(mod, rewrite):
     for gv, f in updates.items():
         mod[gv] = f
     return mod
+
+
+def horner_f32(coefficients, s):
+    """c0 + c1·s + c2·s² + ... (coefficients lowest first) in Horner's form, a float32 TIR
+    expression of s."""
+    value = tirx.const(coefficients[-1], "float32")
+    for c in coefficients[-2::-1]:
+        value = value * s + tirx.const(c, "float32")
+    return value
