@@ -78,6 +78,8 @@ def test_bench_graph_runs_every_engine_on_one_tiny_cell(tiny_bundle, tiny_int8_b
     text = result.to_markdown()
     assert "| 1 | 8 |" in text and NO_TUNING in text and "pools default (onnxruntime spinning" in text
     assert "| B | T | onnxruntime-int8 | openvino-int8 | tvm-int8 | tvm-int8 / tvm |" in text
+    # the bf16 table names what OpenVINO's default computed in, as the engine reported it
+    assert f"its default: {'bf16' if HAS_BF16 else 'f32'} compute on this CPU" in text
     assert "int8 accuracy against PyTorch float32" in text
     data = json.loads((tmp_path / "bench.json").read_text())
     assert data["graph"] == "tiny_rope" and len(data["cells"]) == len(ENGINES)

@@ -85,8 +85,11 @@ class BenchResult:
         if bf16:
             ran = self.settings.get("engines", ())
             others = [e for e in ("openvino", "openvino-f32", "tvm") if e in ran]
+            # what OpenVINO's default computed in is read from the engine (its precision hint),
+            # not assumed: on CPUs without bf16 it is f32, and the bf16 column is then n/a
+            computed = self.environment.get("compute_precision", {}).get("openvino", "unknown")
             parts.append(self._table(f"### bench: {self.graph}, bf16, {head}; median ms ± IQR (latency / {PEERS['bf16']}, "
-                                     "its default: bf16 compute on this CPU)", bf16 + others,
+                                     f"its default: {computed} compute on this CPU)", bf16 + others,
                                      [f"tvm-bf16 / {e}" for e in others],
                                      lambda b, t: [_ratio(self.cell("tvm-bf16", b, t), self.cell(e, b, t)) for e in others]))
             parts.append(self._accuracy_table(bf16 + [e for e in ("openvino",) if e in ran], what="bf16"))
