@@ -26,6 +26,28 @@ def cpu_flags() -> set[str]:
     return next((set(line.split(":", 1)[1].split()) for line in text.splitlines() if line.startswith("flags")), set())
 
 
+#: the flags that decide which kernels a build takes: the float32 dense (AVX-512 or AVX2), int8
+#: (AMX, VNNI or neither: int8_isa.py) and bf16 (AMX or AVX512-BF16: bf16_isa.py)
+KERNEL_FLAGS = ("avx2", "fma", "avx512f", "avx_vnni", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+
+
+def cpu_summary() -> str:
+    """The CPU as a result table should name it, e.g. "Intel(R) Xeon(R) Processor, 2 logical
+    cores; avx2 fma avx512f avx512_vnni avx512_bf16 amx_bf16 amx_int8": the model name the
+    kernel reports (a VM often masks it, so the flags that choose the kernels follow)."""
+    import os
+    import platform
+    name = platform.processor() or platform.machine()
+    try:
+        name = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    flags = cpu_flags()
+    return f"{name}, {os.cpu_count()} logical cores; " + (" ".join(f for f in KERNEL_FLAGS if f in flags) or "none of "
+                                                          + " ".join(KERNEL_FLAGS))
+
+
 def llvm_features_here() -> set[str]:
     """The LLVM features of LLVM_FEATURE_OF_FLAG this CPU has."""
     flags = cpu_flags()

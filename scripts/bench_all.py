@@ -126,6 +126,7 @@ def main() -> int:
     from portable_pe.bench.graph import Settings, bench_graph
     from portable_pe.bench.engines import ENGINES, POOLS
     from portable_pe.spec.graphs import GRAPHS
+    from portable_pe.host_cpu import cpu_summary
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--graphs", default=",".join(GRAPHS), help="comma-separated (default: every shipped graph)")
     parser.add_argument("--lengths", default="128,512")
@@ -153,6 +154,7 @@ def main() -> int:
     for graph, result in zip(args.graphs.split(","), results):
         rows += goal_rows(result, lambda b, t, g=graph: fp32_floor.matmul_gflop(g, b, t) / peak * 1e3)
     parts = [f"## Bench: {len(results)} graph(s), {args.threads} threads, pools {args.pool}, one run", "",
+             f"CPU: {cpu_summary()}", "",
              "Goals per cell (ratios of medians within the cell):", "", goals_markdown(rows), "",
              FLOOR_NOTE.format(peak=peak, threads=args.threads)]
     for result in results:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import tempfile
 import time
@@ -33,6 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from portable_pe.hf.zoo import ARCHITECTURES  # noqa: E402
+from portable_pe.host_cpu import cpu_summary  # noqa: E402
 
 EXPORTS = {"dynamo18": ("dynamo", 18), "dynamo23": ("dynamo", 23), "torchscript17": ("torchscript", 17)}
 LENGTHS = (5, 37, 100)
@@ -268,7 +268,7 @@ def main() -> int:
         parser.error(f"unknown {bad}; architectures: {', '.join(ARCHITECTURES)}; exports: {', '.join(EXPORTS)}")
     kv_archs = args.kv_archs.split(",") if args.kv_archs else [a for a in archs if ARCHITECTURES[a].decoder]
     result = {"versions": {"transformers": transformers.__version__, "torch": torch.__version__.split("+")[0]},
-              "machine": f"{platform.machine()} ({platform.processor() or '?'})", "table": [], "kv": []}
+              "machine": cpu_summary(), "table": [], "kv": []}
     args.out.mkdir(parents=True, exist_ok=True)
 
     def save():

@@ -78,6 +78,11 @@ def test_bench_graph_runs_every_engine_on_one_tiny_cell(tiny_bundle, tiny_int8_b
     text = result.to_markdown()
     assert "| 1 | 8 |" in text and NO_TUNING in text and "pools default (onnxruntime spinning" in text
     assert "| B | T | onnxruntime-int8 | openvino-int8 | tvm-int8 | tvm-int8 / tvm |" in text
+    # the machine as results name it: the kernel-deciding flags this CPU has, and none it lacks
+    from portable_pe.host_cpu import KERNEL_FLAGS
+    named = result.environment["cpu_summary"].split("; ")[-1].split()
+    have = [f for f in KERNEL_FLAGS if f in cpu_flags()]
+    assert named == (have or ["none", "of", *KERNEL_FLAGS]), named
     # the bf16 table names what OpenVINO's default computed in, as the engine reported it
     assert f"its default: {'bf16' if HAS_BF16 else 'f32'} compute on this CPU" in text
     assert "int8 accuracy against PyTorch float32" in text

@@ -26,6 +26,7 @@ import numpy as np
 
 from .engines import ENGINES, NO_INT8, NO_TUNED_ENTRY, NO_TUNING, PEERS, POOLS, precision_of
 from .report import BenchResult, Cell
+from ..host_cpu import cpu_summary
 from ..run.parity import TOLERANCES, compare, dim_roles, make_inputs, torch_reference, usable_lengths
 from ..threads import DEFAULT_THREADS, set_threads
 from ..tune.database import database_dir, tuned_points
@@ -173,7 +174,7 @@ def bench_graph(graph: str, *, settings: Settings = Settings(), tuned: str | Pat
         raise ValueError(f"batch {max(settings.batches)} is above the graph's max_batch {max_batch}")
 
     env = {"machine": platform.machine(), "processor": platform.processor() or platform.machine(),
-           "cpu": _cpu_name(), "cpu_count": os.cpu_count(), "threads": threads,
+           "cpu": _cpu_name(), "cpu_summary": cpu_summary(), "cpu_count": os.cpu_count(), "threads": threads,
            "untuned_bundle": str(bundle.path), "tuned_bundle": str(tuned_bundle.path) if tuned_bundle else None,
            "int8_bundle": str(int8.path) if int8 else None,
            "bf16_bundle": str(bf16.path) if bf16 else None,

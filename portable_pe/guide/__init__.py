@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import shutil
 import time
 from pathlib import Path
@@ -58,12 +57,8 @@ def resolve_graphs(names: list[str] | None) -> tuple[dict[str, str], dict, str]:
 
 
 def _machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{cpu}, {os.cpu_count()} logical cores"
+    from ..host_cpu import cpu_summary
+    return cpu_summary()
 
 
 def run_guide(*, graphs: list[str] | None = None, targets: tuple[str, ...] = tuple(GUIDE_TARGETS),
