@@ -45,8 +45,8 @@ def micro_kernel_ir(rows: int) -> str:
 
     Two copies of the loop: whole tiles (every tile but a matmul's last) address row r as
     a + r * lda, which, lda a constant once the kernel is inlined, is one pointer and a
-    displacement per row; the last tile's rows are selected, and LLVM keeps each in its
-    own register. Twelve row pointers with the k counter and the panels' pointers are more
+    displacement per row; the last tile's rows are selected, so LLVM keeps a pointer per
+    row there (one tile per matmul: its stack reloads cost little). Twelve row pointers with the k counter and the panels' pointers are more
     than x86's 16 general registers: with the select for every tile, nine of them were
     reloaded from the stack at each k step (23 loads per 24 FMAs instead of 14)."""
     name = f"{F32_KERNEL}{rows}x32"
