@@ -17,13 +17,18 @@ LLVM_FEATURE_OF_FLAG = {"avx512_bf16": "avx512bf16", "amx_tile": "amx-tile", "am
                         "amx_int8": "amx-int8"}
 
 
-def cpu_flags() -> set[str]:
-    """The flags of the first CPU in /proc/cpuinfo (empty where there is none)."""
+def _cpuinfo_field(key: str) -> str | None:
+    """The value of `key` for the first CPU in /proc/cpuinfo (None where there is none)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return set()
-    return next((set(line.split(":", 1)[1].split()) for line in text.splitlines() if line.startswith("flags")), set())
+        return None
+    return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith(key)), None)
+
+
+def cpu_flags() -> set[str]:
+    """The flags of the first CPU in /proc/cpuinfo (empty where there is none)."""
+    return set((_cpuinfo_field("flags") or "").split())
 
 
 #: the flags that decide which kernels a build takes: the float32 dense (AVX-512 or AVX2), int8
@@ -37,15 +42,10 @@ def cpu_summary() -> str:
     kernel reports (a VM often masks it, so the flags that choose the kernels follow)."""
     import os
     import platform
-    name = platform.processor() or platform.machine()
-    try:
-        name = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    name = _cpuinfo_field("model name") or platform.processor() or platform.machine()
     flags = cpu_flags()
-    return f"{name}, {os.cpu_count()} logical cores; " + (" ".join(f for f in KERNEL_FLAGS if f in flags) or "none of "
-                                                          + " ".join(KERNEL_FLAGS))
+    named = " ".join(f for f in KERNEL_FLAGS if f in flags) or "none of " + " ".join(KERNEL_FLAGS)
+    return f"{name}, {os.cpu_count()} logical cores; {named}"
 
 
 def llvm_features_here() -> set[str]:

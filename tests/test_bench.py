@@ -14,7 +14,7 @@ from conftest import TINY_SPEC, assert_parity, fake_tuning_database, load_script
 from portable_pe.bench import graph as bench
 from portable_pe.bench.graph import ENGINES, NO_TUNING, Settings, bench_graph, time_in_blocks
 from portable_pe.bench.engines import INT8_ENGINES
-from portable_pe.host_cpu import cpu_flags
+from portable_pe.host_cpu import KERNEL_FLAGS, cpu_flags
 
 #: what tests/test_bf16.py's kernels ask of /proc/cpuinfo: AVX512-BF16 or AMX-BF16
 HAS_BF16 = bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
@@ -79,7 +79,6 @@ def test_bench_graph_runs_every_engine_on_one_tiny_cell(tiny_bundle, tiny_int8_b
     assert "| 1 | 8 |" in text and NO_TUNING in text and "pools default (onnxruntime spinning" in text
     assert "| B | T | onnxruntime-int8 | openvino-int8 | tvm-int8 | tvm-int8 / tvm |" in text
     # the machine as results name it: the kernel-deciding flags this CPU has, and none it lacks
-    from portable_pe.host_cpu import KERNEL_FLAGS
     named = result.environment["cpu_summary"].split("; ")[-1].split()
     have = [f for f in KERNEL_FLAGS if f in cpu_flags()]
     assert named == (have or ["none", "of", *KERNEL_FLAGS]), named

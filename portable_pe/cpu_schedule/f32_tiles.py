@@ -46,9 +46,10 @@ def micro_kernel_ir(rows: int) -> str:
     Two copies of the loop: whole tiles (every tile but a matmul's last) address row r as
     a + r * lda, which, lda a constant once the kernel is inlined, is one pointer and a
     displacement per row; the last tile's rows are selected, so LLVM keeps a pointer per
-    row there (one tile per matmul: its stack reloads cost little). Twelve row pointers with the k counter and the panels' pointers are more
-    than x86's 16 general registers: with the select for every tile, nine of them were
-    reloaded from the stack at each k step (23 loads per 24 FMAs instead of 14)."""
+    row there (one tile per matmul: its stack reloads cost little). Twelve row pointers
+    with the k counter and the panels' pointers are more than x86's 16 general registers:
+    with the select for every tile, nine of them were reloaded from the stack at each k
+    step (23 loads per 24 FMAs instead of 14)."""
     name = f"{F32_KERNEL}{rows}x32"
     lines = [
         f"define internal i32 @{name}(ptr %c, i64 %ldc, ptr %a, i64 %lda, ptr %b, i64 %ldb, i64 %k, "

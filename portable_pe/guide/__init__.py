@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from ..host_cpu import cpu_summary
 from ..npu.vendors import VENDORS
 
 DEFAULT_LENGTHS = (128, 512, 2048, 4096)
@@ -56,11 +57,6 @@ def resolve_graphs(names: list[str] | None) -> tuple[dict[str, str], dict, str]:
     return {n: specs[n][0] for n in order}, {n: specs[n][1] for n in order}, baseline
 
 
-def _machine() -> str:
-    from ..host_cpu import cpu_summary
-    return cpu_summary()
-
-
 def run_guide(*, graphs: list[str] | None = None, targets: tuple[str, ...] = tuple(GUIDE_TARGETS),
               lengths: tuple[int, ...] = DEFAULT_LENGTHS, batches: tuple[int, ...] = DEFAULT_BATCHES,
               out: Path = Path("dist/guide"), threads: int = 2, repeat: int = 5, keep_work: bool = False,
@@ -85,7 +81,7 @@ def run_guide(*, graphs: list[str] | None = None, targets: tuple[str, ...] = tup
               "graphs": [{"name": n, "encoding": s.encoding, "max_length": s.max_length,
                           "example_length": s.example_length, "description": s.description} for n, s in specs.items()],
               "settings": {"targets": list(targets), "lengths": list(lengths), "batches": list(batches),
-                           "threads": threads, "repeat": repeat, "machine": _machine()},
+                           "threads": threads, "repeat": repeat, "machine": cpu_summary()},
               "versions": {"portable_pe": __version__, "torch": torch.__version__.split("+")[0], "tvm": tvm.__version__},
               "timings_s": {}, "npu": {}}
     log(f"guide: {len(specs)} encoders ({', '.join(specs)}), targets {', '.join(targets)}, "

@@ -185,7 +185,8 @@ def run_vision_guide(*, graphs: list[str] | None = None, sizes: tuple[str, ...] 
     import shutil
     import tvm
     from .. import __version__
-    from . import _atomic, _machine
+    from . import _atomic
+    from ..host_cpu import cpu_summary
     from ..spec.graphs import load_graph
     from . import vision_npu
     unknown = [t for t in targets if t not in VISION_TARGETS]
@@ -215,7 +216,7 @@ def run_vision_guide(*, graphs: list[str] | None = None, sizes: tuple[str, ...] 
                                         "description": s.description} for n, s in video_specs.items()]}}
                  if video_sources else {}),
               "settings": {"sizes": list(sizes), "batches": list(batches), "threads": threads, "repeat": repeat,
-                           "targets": list(targets), "npu_sizes": list(npu_sizes), "machine": _machine()},
+                           "targets": list(targets), "npu_sizes": list(npu_sizes), "machine": cpu_summary()},
               "versions": {"portable_pe": __version__, "tvm": tvm.__version__}}
     windowed = {n for n, s in specs.items() if s.encoding == WINDOWED}
     try:
